@@ -1,0 +1,1 @@
+"""The Streamlit leaderboard on the DuckDB store (``kvbench leaderboard``)."""

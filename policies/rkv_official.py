@@ -1,0 +1,56 @@
+"""R-KV as in its repository (Zefan-Cai/R-KV, ``R1KV.update_kv`` and ``cal_similarity``), ported as
+the Random Attention code runs it (``rkv_official``).
+
+importance = window_attention(last 8 queries, group=max of logits before softmax, pool=max7)
+redundancy: per KV head, cosine similarities c[i, j] of the candidate keys, diagonal zeroed; in each row
+i the entry of the newest j with c[i, j] > 0.5 is zeroed too (j = 0 when the row has none), so the newest
+member of a near-duplicate cluster loses its in-cluster similarity and is the one kept; then the column
+mean (divided by n) and a softmax over the slots.
+score = λ·importance − (1 − λ)·redundancy
+
+Recorded choices: λ = 0.1 (the R-KV README and the Random Attention runs; the repository's code default
+is 0.07); scores over the candidates only (every slot but the buffer), as in the Random Attention port;
+the j = 0 quirk for rows without a near-duplicate is kept for fidelity (under prompt protection slot 0 is
+protected anyway).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, policy
+from kvbench.policies.scoring import key_similarity_rows, window_attention
+
+
+def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
+    """R-KV's redundancy [B, Hkv, n] (see the module docstring), computed in row chunks."""
+    n = keys.shape[2]
+    column_sums = torch.zeros(keys.shape[:3], dtype=torch.float32, device=keys.device)
+    slot = torch.arange(n, device=keys.device)
+    for start, cos in key_similarity_rows(keys):
+        rows = torch.arange(cos.shape[2], device=keys.device)
+        cos[:, :, rows, rows + start] = 0.0
+        newest_similar = torch.where(cos > threshold, slot, 0).amax(dim=-1, keepdim=True)  # [B, Hkv, c, 1]
+        cos.scatter_(-1, newest_similar, 0.0)
+        column_sums += cos.sum(dim=2)
+    return (column_sums / n).softmax(dim=-1)
+
+
+@policy("rkv-official", needs={"queries"})
+class RKVOfficial(Policy):
+    """R-KV (repository variant): 8-query max-pooled importance minus thresholded redundancy, λ = 0.1."""
+
+    lam: float = 0.1
+    """λ in λ·importance − (1 − λ)·redundancy."""
+    window: int = 8
+    threshold: float = 0.5
+
+    @property
+    def query_window(self) -> int:
+        return self.window
+
+    def score(self, view: EvictionView) -> Tensor:
+        importance = window_attention(view.queries[:, :, -self.window :], view.keys, pool="max7", group="max")
+        redundancy = thresholded_redundancy(view.keys, self.threshold)
+        return self.lam * importance - (1.0 - self.lam) * redundancy

@@ -1,0 +1,108 @@
+"""Shared scoring helpers, so that each policy file reads like its paper's equation (POLICIES.md).
+
+Shapes: B batch rows, Hkv KV heads, G query heads per KV head, W recent queries, n candidates, D head dim.
+Every helper returns float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kvbench.contract import EvictionView
+
+Pool = Literal["avg5", "max7", "none"]
+GroupReduce = Literal["mean", "max"]
+
+
+def pool_slots(scores: Tensor, pool: Pool) -> Tensor:
+    """1-D pooling along the last (slot) axis: ``avg5`` (kernel 5, padding 2, zero-padded average) or ``max7``."""
+    if pool == "none":
+        return scores
+    shape = scores.shape
+    flat = scores.reshape(-1, 1, shape[-1])
+    if pool == "avg5":
+        flat = F.avg_pool1d(flat, kernel_size=5, stride=1, padding=2, count_include_pad=True)
+    elif pool == "max7":
+        flat = F.max_pool1d(flat, kernel_size=7, stride=1, padding=3)
+    else:
+        raise ValueError(f"unknown pooling {pool!r}; use avg5, max7 or none")
+    return flat.reshape(shape)
+
+
+def window_attention(queries: Tensor, keys: Tensor, pool: Pool = "avg5", group: GroupReduce = "mean") -> Tensor:
+    """Attention of the recent queries to the candidates, averaged over the window: [B, Hkv, n].
+
+    queries [B, Hq, W, D], keys [B, Hkv, n, D]. Softmax over the candidates only, in fp32.
+    ``group="mean"``: softmax per query head, mean over W, pool, mean over the GQA group.
+    ``group="max"``: max of the logits over the group, then softmax, mean over W, pool.
+    """
+    batch, q_heads, window, dim = queries.shape
+    kv_heads = keys.shape[1]
+    q = queries.float().view(batch, kv_heads, q_heads // kv_heads, window, dim)  # [B, Hkv, G, W, D]
+    logits = torch.einsum("bhgwd,bhnd->bhgwn", q, keys.float()) / math.sqrt(dim)  # [B, Hkv, G, W, n]
+    if group == "max":
+        probs = logits.amax(dim=2).softmax(dim=-1).mean(dim=2)  # [B, Hkv, n]
+        return pool_slots(probs, pool)
+    probs = logits.softmax(dim=-1).mean(dim=3)  # [B, Hkv, G, n]
+    return pool_slots(probs, pool).mean(dim=2)
+
+
+def value_range(values: Tensor) -> Tensor:
+    """max − min over the head dimension, per slot: [B, Hkv, n]."""
+    v = values.float()
+    return v.amax(dim=-1) - v.amin(dim=-1)
+
+
+def key_similarity_rows(keys: Tensor, chunk: int = 1024):
+    """Yield (start, cos) with cos [B, Hkv, c, n] the cosine similarities of candidates start.. to all.
+
+    Chunked over rows so that no n×n matrix is ever held for large n.
+    """
+    unit = F.normalize(keys.float(), dim=-1)
+    n = unit.shape[2]
+    for start in range(0, n, chunk):
+        yield start, unit[:, :, start : start + chunk] @ unit.transpose(-1, -2)
+
+
+def key_redundancy(keys: Tensor, chunk: int = 1024) -> Tensor:
+    """Mean cosine similarity of each key to the other candidates, softmaxed over slots: [B, Hkv, n].
+
+    The diagonal (a key with itself) is zeroed before the row mean; the mean divides by n.
+    """
+    n = keys.shape[2]
+    rows = []
+    for start, cos in key_similarity_rows(keys, chunk):
+        c = cos.shape[2]
+        eye = torch.arange(c, device=cos.device)
+        cos[:, :, eye, eye + start] = 0.0
+        rows.append(cos.sum(dim=-1) / n)
+    return torch.cat(rows, dim=-1).softmax(dim=-1)
+
+
+def gaussian_projection(view: EvictionView, rank: int) -> Tensor:
+    """G ~ N(0, 1)/sqrt(r) of shape [B, D, r], one per batch row, from the view's generators."""
+    return view.normal(view.keys.shape[-1], rank) / math.sqrt(rank)
+
+
+def leverage(x: Tensor, projection: Tensor) -> Tensor:
+    """||x·G||² per slot: x [B, Hkv, n, D], G [B, D, r] -> [B, Hkv, n]."""
+    sketch = torch.einsum("bhnd,bdr->bhnr", x.float(), projection)
+    return sketch.square().sum(dim=-1)
+
+
+def gumbel_topk(weights: Tensor, view: EvictionView) -> Tensor:
+    """Scores whose top-k is a weighted sample without replacement from ``weights`` [B, Hkv, n] (>= 0).
+
+    log(w) + Gumbel noise. Zero weights get -1e4 + Gumbel noise instead of -inf: they stay selectable
+    (drawn uniformly, after every positive weight, since log of the smallest fp32 is about -104).
+    """
+    noise = view.gumbel(*weights.shape[1:])
+    w = weights.float()
+    positive = w > 0
+    log_w = torch.where(positive, w.clamp(min=torch.finfo(torch.float32).tiny).log(), torch.full_like(w, -1e4))
+    return log_w + noise

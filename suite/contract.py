@@ -1,0 +1,243 @@
+"""The policy contract: a policy scores eviction candidates; the engine does everything else.
+
+A policy is a frozen dataclass (its fields are its parameters, recorded with every result) with one
+method, ``score(view) -> Tensor[B, Hkv, n]`` (higher = keep), and optionally ``observe(step)`` for
+policies that must see every decode step. Budgets, protection, top-k and compaction belong to the engine
+(kvbench.engine), so that a policy and the null baseline are always compared under the same schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeVar
+
+import pydantic
+import torch
+from torch import Tensor
+
+Need = Literal["queries", "step_attention", "rope", "calibration"]
+"""What a policy may ask the backend for.
+
+- ``queries``: the last W post-RoPE queries of the layer, ``view.queries`` [B, Hq, W, D].
+- ``step_attention``: ``observe(step)`` with the new queries' attention probabilities over the cache.
+- ``rope``: the model's RoPE frequencies (``view.model.rope_inv_freq``) to un-rotate keys.
+- ``calibration``: per-model statistics made by ``kvbench calibrate``.
+"""
+NEEDS: tuple[Need, ...] = ("queries", "step_attention", "rope", "calibration")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a policy may know about the model it runs in."""
+
+    name: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_inv_freq: Tensor | None = None
+    """[D/2] angular frequency ω_f of each RoPE band, rotate-half layout (pairs f and f + D/2)."""
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (GQA group size)."""
+        return self.num_q_heads // self.num_kv_heads
+
+
+class LayerState:
+    """Per-layer, per-batch policy state, owned by the engine.
+
+    Two kinds of tensors live here:
+    - slot tensors ``[B, Hkv, S, ...]`` aligned with the cache's S slots: the engine appends ``fill`` for
+      every new token, gathers them with the keys at every eviction, and drops rows that leave the batch;
+    - row tensors ``[B, ...]`` (a per-row projection, say): the engine only drops rows that leave.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, Tensor] = {}
+        self._fills: dict[str, float] = {}
+        self._rows: dict[str, Tensor] = {}
+
+    # -- used by policies -------------------------------------------------------------------------
+    def has_slot(self, name: str) -> bool:
+        return name in self._slots
+
+    def register_slot(self, name: str, tensor: Tensor, fill: float = 0.0) -> None:
+        """Start tracking ``tensor`` [B, Hkv, S, ...] slot by slot; new slots get ``fill``."""
+        self._slots[name] = tensor
+        self._fills[name] = fill
+
+    def slot(self, name: str) -> Tensor:
+        return self._slots[name]
+
+    def set_slot(self, name: str, tensor: Tensor) -> None:
+        """Replace a registered slot tensor by one of the same shape."""
+        old = self._slots[name]
+        if tensor.shape != old.shape:
+            raise ValueError(f"slot state {name!r}: shape {tuple(tensor.shape)} != {tuple(old.shape)}")
+        self._slots[name] = tensor
+
+    def has_row(self, name: str) -> bool:
+        return name in self._rows
+
+    def row(self, name: str) -> Tensor:
+        return self._rows[name]
+
+    def set_row(self, name: str, tensor: Tensor) -> None:
+        self._rows[name] = tensor
+
+    # -- used by the engine -----------------------------------------------------------------------
+    def append_slots(self, count: int) -> None:
+        """``count`` tokens were appended to the cache: extend every slot tensor with its fill value."""
+        for name, tensor in self._slots.items():
+            pad_shape = (*tensor.shape[:2], count, *tensor.shape[3:])
+            pad = torch.full(pad_shape, self._fills[name], dtype=tensor.dtype, device=tensor.device)
+            self._slots[name] = torch.cat([tensor, pad], dim=2)
+
+    def gathered(self, index: Tensor) -> LayerState:
+        """A new state whose slot tensors keep the slots ``index`` [B, Hkv, S'] in that order."""
+        new = LayerState()
+        new._fills = dict(self._fills)
+        new._rows = dict(self._rows)
+        for name, tensor in self._slots.items():
+            idx = index.view(*index.shape, *([1] * (tensor.dim() - 3))).expand(*index.shape, *tensor.shape[3:])
+            new._slots[name] = torch.gather(tensor, 2, idx)
+        return new
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` (1-D index), e.g. when other rows finished."""
+        self._slots = {k: v.index_select(0, rows) for k, v in self._slots.items()}
+        self._rows = {k: v.index_select(0, rows) for k, v in self._rows.items()}
+
+
+@dataclass(frozen=True)
+class EvictionView:
+    """What a policy sees at one eviction event of one layer. Read-only: never modify these tensors."""
+
+    keys: Tensor
+    """[B, Hkv, n, D] candidate keys, post-RoPE, as cached (every slot but the buffer)."""
+    values: Tensor
+    """[B, Hkv, n, D] candidate values."""
+    positions: Tensor
+    """[B, Hkv, n] absolute token positions of the candidates (int64)."""
+    protected: Tensor
+    """[B, Hkv, n] bool: slots the engine will keep whatever the score (prompt or sinks)."""
+    layer: int
+    event: int
+    """Index of this eviction event for this layer and batch (0 for the first)."""
+    step: int
+    """Tokens seen so far, prompt included: the next token gets position ``step``."""
+    prompt_len: int
+    budget: int
+    """K: cache length right after eviction, buffer included."""
+    keep: int
+    """K − B: candidates kept per KV head (protected ones included)."""
+    model: ModelFacts
+    state: LayerState
+    rngs: tuple[torch.Generator, ...]
+    """One generator per batch row, seeded from (row seed, layer, event)."""
+    queries: Tensor | None = None
+    """[B, Hq, W, D] the last W post-RoPE queries, when the policy needs ``queries``."""
+    calibration: Any = None
+    """Per-model statistics, when the policy needs ``calibration``."""
+
+    @property
+    def num_candidates(self) -> int:
+        return self.keys.shape[2]
+
+    def candidate_slot(self, name: str) -> Tensor:
+        """The candidates' part of a registered slot tensor (the buffer's slots cut off)."""
+        return self.state.slot(name)[:, :, : self.num_candidates]
+
+    # Draws: one generator per row, so that a row's draws do not depend on the other rows in the batch.
+    def uniform(self, *shape: int) -> Tensor:
+        """U[0, 1) of shape [B, *shape], float32, on the keys' device."""
+        return self._draw(torch.rand, shape)
+
+    def normal(self, *shape: int) -> Tensor:
+        """N(0, 1) of shape [B, *shape], float32, on the keys' device."""
+        return self._draw(torch.randn, shape)
+
+    def gumbel(self, *shape: int) -> Tensor:
+        """Standard Gumbel(0, 1) noise of shape [B, *shape]."""
+        tiny = torch.finfo(torch.float32).tiny
+        u = self.uniform(*shape).clamp_(min=tiny, max=1.0 - 1e-7)
+        return -torch.log(-torch.log(u))
+
+    def _draw(self, fn: Callable[..., Tensor], shape: tuple[int, ...]) -> Tensor:
+        device = self.keys.device
+        return torch.stack([fn(shape, generator=g, device=device, dtype=torch.float32) for g in self.rngs])
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What ``observe`` sees after a forward step of one layer (for policies needing ``step_attention``)."""
+
+    attention: Tensor
+    """[B, Hq, q, S] softmax probabilities of the step's q new queries over all S cached slots."""
+    positions: Tensor
+    """[B, Hkv, S] positions of the cached slots."""
+    layer: int
+    step: int
+    model: ModelFacts
+    state: LayerState
+
+
+class Policy:
+    """Base class of every scorer. Subclass it and decorate the subclass with ``@policy(name)``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    needs: ClassVar[frozenset[Need]] = frozenset()
+    evicts: ClassVar[bool] = True
+    """False only for ``full``: the engine never evicts."""
+    layer_reduce: ClassVar[Literal["none", "mean"]] = "none"
+    """``mean``: the engine averages the layers' scores and keeps one keep-set for every layer."""
+
+    @property
+    def query_window(self) -> int:
+        """How many recent queries ``score`` reads (0 unless the policy needs ``queries``)."""
+        return 0
+
+    def score(self, view: EvictionView) -> Tensor:
+        """Return [B, Hkv, n] scores, float32, finite or -inf; higher = keep."""
+        raise NotImplementedError
+
+    def observe(self, step: StepView) -> None:
+        """Called after every forward step when the policy needs ``step_attention``."""
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters, as recorded with results."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+P = TypeVar("P", bound=type[Policy])
+
+
+def policy(name: str, *, needs: set[Need] | frozenset[Need] = frozenset()) -> Callable[[P], P]:
+    """Register a Policy subclass under ``name``; its fields become validated, frozen parameters.
+
+    The class docstring's first line is the policy's one-line description.
+    """
+    unknown = set(needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"policy {name!r}: unknown needs {sorted(unknown)}; known: {list(NEEDS)}")
+
+    def wrap(cls: P) -> P:
+        if not issubclass(cls, Policy):
+            raise TypeError(f"@policy({name!r}) decorates a subclass of kvbench.Policy, not {cls!r}")
+        config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+        cls = pydantic.dataclasses.dataclass(frozen=True, config=config)(cls)
+        cls.name = name
+        cls.needs = frozenset(needs)
+        cls.description = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else name
+        cls.__kvbench_policy__ = True
+        return cls
+
+    return wrap
+
+
+def is_policy_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Policy) and obj.__dict__.get("__kvbench_policy__", False)

@@ -1,0 +1,225 @@
+"""The eviction engine: backend-agnostic torch code that applies one policy under one schedule.
+
+A backend (the transformers cache, the vLLM connector, the synthetic test backend) keeps one
+:class:`LayerKV` per layer and calls :meth:`Evictor.evict` whenever ``schedule.due(length)``. The engine
+builds each layer's :class:`EvictionView`, checks the policy's scores, gives protected slots +inf, keeps the
+top K − B candidates per KV head, appends the buffer and compacts keys, values, positions and slot state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy, StepView
+from kvbench.errors import CapabilityError, PolicyOutputError
+from kvbench.schedule import ProtectedPrefix, Schedule
+from kvbench.seeding import eviction_seed, generator
+
+
+@dataclass
+class LayerKV:
+    """One layer's cache for a batch: the slots in cache order, their positions and the policy's state."""
+
+    keys: Tensor
+    """[B, Hkv, S, D]"""
+    values: Tensor
+    """[B, Hkv, S, D]"""
+    positions: Tensor
+    """[B, Hkv, S] int64 absolute positions"""
+    state: LayerState = field(default_factory=LayerState)
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
+
+    def append(self, keys: Tensor, values: Tensor, positions: Tensor) -> None:
+        """Append new slots ([B, Hkv, t, D] and [B, Hkv, t]) after the existing ones."""
+        self.keys = torch.cat([self.keys, keys], dim=2)
+        self.values = torch.cat([self.values, values], dim=2)
+        self.positions = torch.cat([self.positions, positions], dim=2)
+        self.state.append_slots(keys.shape[2])
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` (1-D int64 index)."""
+        self.keys = self.keys.index_select(0, rows)
+        self.values = self.values.index_select(0, rows)
+        self.positions = self.positions.index_select(0, rows)
+        self.state.select_rows(rows)
+
+    def compacted(self, index: Tensor) -> LayerKV:
+        """A new LayerKV holding the slots ``index`` [B, Hkv, S'] in that order."""
+        slot_index = index.unsqueeze(-1).expand(-1, -1, -1, self.keys.shape[-1])
+        return LayerKV(
+            keys=torch.gather(self.keys, 2, slot_index),
+            values=torch.gather(self.values, 2, slot_index),
+            positions=torch.gather(self.positions, 2, index),
+            state=self.state.gathered(index),
+        )
+
+
+@dataclass
+class EvictionStats:
+    """What the engine measured for one batch; recorded with the results."""
+
+    events: int = 0
+    seconds: float = 0.0
+    protected: ProtectedPrefix | None = None
+
+
+class Evictor:
+    """Applies ``policy`` under ``schedule`` to the layers of one batch of sequences sharing a prompt.
+
+    ``row_seeds`` holds one seed per batch row; every random draw a policy makes at layer l and event e
+    for row r comes from a generator seeded with ``eviction_seed(row_seeds[r], l, e)``.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        schedule: Schedule,
+        model: ModelFacts,
+        *,
+        prompt_len: int,
+        row_seeds: Sequence[int],
+        calibration: Any = None,
+    ) -> None:
+        if "calibration" in policy.needs and calibration is None:
+            raise CapabilityError(
+                f"policy {policy.name!r} needs calibration statistics for model {model.name!r}: "
+                f"run `kvbench calibrate --model {model.name}` first"
+            )
+        if "rope" in policy.needs and model.rope_inv_freq is None:
+            raise CapabilityError(f"policy {policy.name!r} needs RoPE frequencies, which model {model.name!r} lacks")
+        self.policy = policy
+        self.schedule = schedule
+        self.model = model
+        self.prompt_len = prompt_len
+        self.row_seeds = list(row_seeds)
+        self.calibration = calibration
+        self.stats = EvictionStats(protected=schedule.protected_prefix(prompt_len))
+
+    @property
+    def active(self) -> bool:
+        return self.policy.evicts
+
+    def due(self, length: int) -> bool:
+        return self.policy.evicts and self.schedule.due(length)
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Rows ``rows`` stay in the batch (the others finished); their seeds keep their meaning."""
+        self.row_seeds = [self.row_seeds[r] for r in rows]
+
+    def observe(self, layer: int, layer_kv: LayerKV, attention: Tensor, step: int) -> None:
+        """Pass one layer's step attention [B, Hq, q, S] to a policy that asked for it."""
+        if "step_attention" in self.policy.needs:
+            self.policy.observe(
+                StepView(
+                    attention=attention,
+                    positions=layer_kv.positions,
+                    layer=layer,
+                    step=step,
+                    model=self.model,
+                    state=layer_kv.state,
+                )
+            )
+
+    def evict(
+        self,
+        layers: Sequence[LayerKV],
+        *,
+        step: int,
+        queries: Sequence[Tensor | None] | None = None,
+        layer_ids: Sequence[int] | None = None,
+    ) -> list[LayerKV]:
+        """Run one eviction event on every layer in ``layers``; return the compacted layers.
+
+        ``queries[i]`` is layer i's window of recent post-RoPE queries [B, Hq, W, D] (or None when the
+        policy does not need them). ``layer_ids`` names the layers when ``layers`` is not all of them.
+        """
+        started = time.perf_counter()
+        layer_ids = list(layer_ids) if layer_ids is not None else list(range(len(layers)))
+        if "queries" in self.policy.needs and (queries is None or any(q is None for q in queries)):
+            raise CapabilityError(f"policy {self.policy.name!r} needs recent queries; the backend gave none")
+        event = self.stats.events
+        scores = [
+            self._layer_scores(kv, layer, event, step, queries[i] if queries is not None else None)
+            for i, (kv, layer) in enumerate(zip(layers, layer_ids, strict=True))
+        ]
+        if self.policy.layer_reduce == "mean":
+            shared = torch.stack(scores).mean(dim=0)
+            scores = [shared] * len(layers)
+        compacted = [kv.compacted(self._keep_index(kv, s)) for kv, s in zip(layers, scores, strict=True)]
+        self.stats.events += 1
+        self.stats.seconds += time.perf_counter() - started
+        return compacted
+
+    # -- internals --------------------------------------------------------------------------------
+    def _layer_scores(self, kv: LayerKV, layer: int, event: int, step: int, queries: Tensor | None) -> Tensor:
+        n = kv.length - self.schedule.buffer
+        positions = kv.positions[:, :, :n]
+        protected = positions < self.stats.protected.count
+        view = EvictionView(
+            keys=kv.keys[:, :, :n],
+            values=kv.values[:, :, :n],
+            positions=positions,
+            protected=protected,
+            layer=layer,
+            event=event,
+            step=step,
+            prompt_len=self.prompt_len,
+            budget=self.schedule.budget,
+            keep=self.schedule.keep,
+            model=self.model,
+            state=kv.state,
+            rngs=tuple(generator(eviction_seed(s, layer, event), kv.keys.device) for s in self.row_seeds),
+            queries=queries,
+            calibration=self.calibration,
+        )
+        scores = self.policy.score(view)
+        self._check(scores, view)
+        return scores.float().masked_fill(protected, float("inf"))
+
+    def _check(self, scores: object, view: EvictionView) -> None:
+        where = f"policy {self.policy.name!r} at layer {view.layer}, eviction event {view.event}"
+        expected = tuple(view.positions.shape)
+        if not isinstance(scores, Tensor):
+            raise PolicyOutputError(f"{where} returned {type(scores).__name__}; expected a Tensor {expected}")
+        if tuple(scores.shape) != expected:
+            raise PolicyOutputError(
+                f"{where} returned scores of shape {tuple(scores.shape)}; expected [B, Hkv, n] = {expected}"
+            )
+        if scores.dtype not in (torch.float32, torch.float64):
+            raise PolicyOutputError(
+                f"{where} returned {scores.dtype} scores; return float32 (compute scores in fp32: "
+                "low-precision scores tie and bias top-k)"
+            )
+        if scores.device != view.keys.device:
+            raise PolicyOutputError(f"{where} returned scores on {scores.device}; the cache is on {view.keys.device}")
+        if torch.isnan(scores).any():
+            bad = torch.isnan(scores).nonzero()[0].tolist()
+            raise PolicyOutputError(f"{where} returned NaN scores (first at row, head, slot = {bad})")
+        usable = ((scores > float("-inf")) | view.protected).sum(dim=-1)
+        short = usable < view.keep
+        if short.any():
+            row, head = short.nonzero()[0].tolist()
+            raise PolicyOutputError(
+                f"{where}: row {row}, KV head {head} has {int(usable[row, head])} candidates with a score above "
+                f"-inf, but K − B = {view.keep} must be kept; give -inf only to slots that must never be kept"
+            )
+
+    def _keep_index(self, kv: LayerKV, scores: Tensor) -> Tensor:
+        """[B, Hkv, K] slot indices to keep: the top K − B candidates, then the buffer."""
+        batch, heads, n = scores.shape
+        chronological = self.schedule.order == "chronological"
+        kept = torch.topk(scores, self.schedule.keep, dim=-1, sorted=not chronological).indices
+        if chronological:
+            kept = kept.sort(dim=-1).values
+        buffer = torch.arange(n, kv.length, device=kept.device).expand(batch, heads, -1)
+        return torch.cat([kept, buffer], dim=-1)
+

@@ -1,0 +1,158 @@
+"""Finding policies by name: built-in modules, installed entry points, or a user's file.
+
+``--policy`` accepts
+- ``NAME`` or ``NAME:key=value,key=value``: a policy registered in a module of ``kvbench.policies``
+  (the project's policies/ folder; a module's file name works too when it holds one policy) or by an
+  installed package under the entry-point group ``kvbench.policies``;
+- ``path/to/file.py:ClassName`` or ``path/to/file.py:ClassName:key=value,...``: a class in a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import pkgutil
+import sys
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from kvbench.contract import Policy, is_policy_class
+from kvbench.errors import SpecError, UnknownPolicyError
+
+ENTRY_POINT_GROUP = "kvbench.policies"
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """Where a policy class came from, for the run record."""
+
+    cls: type[Policy]
+    source: str
+
+
+def builtin_policies() -> dict[str, PolicyRef]:
+    """Policies defined in the modules of ``kvbench.policies``, keyed by registered name and module name."""
+    import kvbench.policies as package
+
+    found: dict[str, PolicyRef] = {}
+    aliases: dict[str, PolicyRef] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        classes = [c for c in vars(module).values() if is_policy_class(c) and c.__module__ == module.__name__]
+        for cls in classes:
+            if cls.name in found:
+                raise SpecError(
+                    f"policy name {cls.name!r} is registered twice: in {found[cls.name].source} and in "
+                    f"{module.__name__}; rename one of them"
+                )
+            found[cls.name] = PolicyRef(cls, f"module {module.__name__}")
+        if len(classes) == 1:
+            aliases[info.name] = found[classes[0].name]
+    return {**{k: v for k, v in aliases.items() if k not in found}, **found}
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def known_policies() -> dict[str, type[Policy]]:
+    """Every registered policy by its registered name (no aliases): built-ins, then entry points."""
+    known = {ref.cls.name: ref.cls for ref in builtin_policies().values()}
+    for name, ep in _entry_points().items():
+        known.setdefault(name, _load_entry_point(name, ep).cls)
+    return dict(sorted(known.items()))
+
+
+def _load_entry_point(name: str, ep: Any) -> PolicyRef:
+    cls = ep.load()
+    if not is_policy_class(cls):
+        raise SpecError(
+            f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} ({ep.value}) is not a class decorated with "
+            "@kvbench.policy(...)"
+        )
+    return PolicyRef(cls, f"entry point {ep.value}")
+
+
+def _load_file(path_text: str, class_name: str) -> PolicyRef:
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise SpecError(f"--policy {path_text}:{class_name}: no file {path}")
+    module_name = "kvbench_user_policy_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"--policy {path_text}:{class_name}: {path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    cls = getattr(module, class_name, None)
+    if not is_policy_class(cls):
+        names = [n for n, v in vars(module).items() if is_policy_class(v)]
+        raise SpecError(
+            f"{path} has no policy class {class_name!r} (policy classes there: {', '.join(names) or 'none'}); "
+            "decorate a kvbench.Policy subclass with @kvbench.policy('name')"
+        )
+    return PolicyRef(cls, f"file {path}")
+
+
+def parse_policy_arg(text: str) -> tuple[str, str | None, dict[str, str]]:
+    """Split ``--policy`` text into (name or path, class name or None, raw parameters)."""
+    head, _, rest = text.partition(":")
+    class_name = None
+    if head.endswith(".py"):
+        class_name, _, rest = rest.partition(":")
+        if not class_name:
+            raise SpecError(f"--policy {text!r}: a file needs a class, as in path/to/file.py:MyScorer")
+    params: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SpecError(f"--policy {text!r}: parameter {item!r} is not key=value (e.g. rkv:lam=0.1)")
+        params[key.strip()] = value.strip()
+    return head, class_name, params
+
+
+def find_policy(name: str, class_name: str | None = None) -> PolicyRef:
+    """The class behind a policy name (or a file and class)."""
+    if class_name is not None:
+        return _load_file(name, class_name)
+    builtins = builtin_policies()
+    if name in builtins:
+        return builtins[name]
+    eps = _entry_points()
+    if name in eps:
+        return _load_entry_point(name, eps[name])
+    raise UnknownPolicyError(name, {ref.cls.name for ref in builtins.values()} | set(eps))
+
+
+def make_policy(text: str, **params: Any) -> Policy:
+    """A policy instance from ``--policy`` text, with ``params`` overriding those in the text."""
+    name, class_name, raw = parse_policy_arg(text)
+    ref = find_policy(name, class_name)
+    merged: dict[str, Any] = {**raw, **params}
+    try:
+        return ref.cls(**merged)
+    except pydantic.ValidationError as exc:
+        fields = ", ".join(f.name for f in ref.cls.__dataclass_fields__.values()) or "none"
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise SpecError(f"policy {ref.cls.name!r}: bad parameters ({problems}). Its parameters: {fields}") from None
+
+
+def policy_record(policy: Policy) -> dict[str, Any]:
+    """Name and fully resolved parameters: the policy's part of a result's identity."""
+    return {"name": policy.name, "params": json.loads(json.dumps(policy.params(), default=str))}
+
+
+def policy_identity(policy: Policy) -> str:
+    """A short stable hash of :func:`policy_record`."""
+    text = json.dumps(policy_record(policy), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

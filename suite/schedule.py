@@ -1,0 +1,94 @@
+"""The eviction schedule: identical for every policy, owned by the engine (DESIGN.md §3).
+
+- budget K: cache length right after an eviction, the buffer included;
+- buffer B: the most recent B tokens are never candidates;
+- trigger: after a step, when length > K and (length − K) is a multiple of B, so the cache oscillates
+  between K and K + B;
+- protection: the whole prompt, the first n sink tokens, or nothing; capped at K − B − 1 slots so that
+  at least one candidate is always chosen by the policy (the cap is reported, never silent);
+- compaction order: chronological (default) or score order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvbench.errors import BudgetError
+
+Protection = Literal["prompt", "sinks", "none"]
+Order = Literal["chronological", "score"]
+
+
+@dataclass(frozen=True)
+class ProtectedPrefix:
+    """How many leading positions are protected for one prompt, and whether the cap cut that short."""
+
+    requested: int
+    count: int
+
+    @property
+    def capped(self) -> bool:
+        return self.count < self.requested
+
+
+@dataclass(frozen=True)
+class Schedule:
+    budget: int
+    buffer: int = 64
+    protection: Protection = "prompt"
+    sinks: int = 4
+    """Protected leading tokens when ``protection == "sinks"``."""
+    order: Order = "chronological"
+    budget_multiple_of_buffer: bool = False
+    """Refuse a budget that is not a multiple of the buffer (protocols with a ratio rule ask this)."""
+
+    def __post_init__(self) -> None:
+        if self.buffer < 1:
+            raise BudgetError(f"buffer must be at least 1 token, got {self.buffer}")
+        if self.budget <= self.buffer:
+            raise BudgetError(
+                f"budget K={self.budget} must be larger than the buffer B={self.buffer}: the budget includes "
+                f"the buffer, so K − B = {self.budget - self.buffer} slots would be left for the policy"
+            )
+        if self.budget_multiple_of_buffer and self.budget % self.buffer:
+            lower = self.budget // self.buffer * self.buffer
+            raise BudgetError(
+                f"budget K={self.budget} is not a multiple of the buffer B={self.buffer}, which this protocol "
+                f"requires; use {lower or self.buffer} or {lower + self.buffer}"
+            )
+        if self.protection not in ("prompt", "sinks", "none"):
+            raise BudgetError(f"protection must be 'prompt', 'sinks' or 'none', got {self.protection!r}")
+        if self.order not in ("chronological", "score"):
+            raise BudgetError(f"order must be 'chronological' or 'score', got {self.order!r}")
+        if self.protection == "sinks" and self.sinks < 0:
+            raise BudgetError(f"sinks must be >= 0, got {self.sinks}")
+
+    @property
+    def keep(self) -> int:
+        """Candidates kept per KV head at each event: K − B."""
+        return self.budget - self.buffer
+
+    @property
+    def protection_cap(self) -> int:
+        """At most K − B − 1 protected slots, so that the policy always chooses at least one."""
+        return self.keep - 1
+
+    def due(self, length: int) -> bool:
+        """Whether a cache of ``length`` slots evicts now (checked after every step)."""
+        return length > self.budget and (length - self.budget) % self.buffer == 0
+
+    def protected_prefix(self, prompt_len: int) -> ProtectedPrefix:
+        """The protected leading positions for a prompt of ``prompt_len`` tokens."""
+        requested = {"prompt": prompt_len, "sinks": self.sinks, "none": 0}[self.protection]
+        return ProtectedPrefix(requested=requested, count=min(requested, self.protection_cap))
+
+    def tokens_until_due(self, length: int) -> int:
+        """The smallest t >= 1 such that the cache evicts once it holds ``length + t`` slots.
+
+        A backend that feeds several tokens per forward (teacher forcing) cuts its chunks here, so that
+        every event fires at exactly the length token-by-token decoding would fire it.
+        """
+        if length < self.budget:
+            return self.budget + self.buffer - length
+        return self.buffer - (length - self.budget) % self.buffer
