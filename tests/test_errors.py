@@ -1,0 +1,124 @@
+"""Bad scorers and bad budgets fail early, with messages that name the policy, layer and event."""
+
+from __future__ import annotations
+
+import re
+import pytest
+import torch
+
+from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
+from kvbench.contract import EvictionView, Policy, policy
+from kvbench.engine import Evictor, LayerKV
+from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
+from kvbench.registry import make_policy
+from kvbench.schedule import Schedule
+
+
+def _scorer(name: str, make):
+    @policy(name)
+    class Broken(Policy):
+        """A deliberately broken scorer."""
+
+        def score(self, view: EvictionView):
+            return make(view)
+
+    return Broken()
+
+
+def _ones(view: EvictionView) -> torch.Tensor:
+    return torch.ones(view.positions.shape)
+
+
+BROKEN = {
+    "nan": (lambda v: _ones(v).index_fill(2, torch.tensor([3]), float("nan")), "NaN scores"),
+    "shape": (lambda v: _ones(v)[:, :, 1:], r"shape \(2, 2, \d+\); expected \[B, Hkv, n\] = \(2, 2, \d+\)"),
+    "int": (lambda v: _ones(v).long(), "torch.int64 scores; return float32"),
+    "bf16": (lambda v: _ones(v).bfloat16(), "torch.bfloat16 scores"),
+    "device": (lambda v: _ones(v).to("meta"), "scores on meta"),
+    "list": (lambda v: _ones(v).tolist(), "returned list"),
+    "too-few": (lambda v: _ones(v).index_fill(2, torch.arange(6, v.num_candidates), float("-inf")), "candidates with a score above -inf"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_broken_scorer_is_named_with_layer_and_event(kind: str) -> None:
+    make, message = BROKEN[kind]
+    backend = SyntheticBackend(
+        _scorer(f"broken-{kind}", make), Schedule(budget=32, buffer=8), synthetic_model(layers=2),
+        prompt_len=4, row_seeds=[0, 1],
+    )
+    with pytest.raises(PolicyOutputError) as caught:
+        for _ in range(60):
+            backend.step()
+    text = str(caught.value)
+    assert f"policy 'broken-{kind}' at layer 0, eviction event 0" in text
+    assert re.search(message, text), text
+
+
+def test_the_error_names_the_event_where_it_happened() -> None:
+    seen = []
+
+    def later(view: EvictionView) -> torch.Tensor:
+        seen.append(view.event)
+        return _ones(view) * (float("nan") if view.event == 2 and view.layer == 1 else 1.0)
+
+    backend = SyntheticBackend(
+        _scorer("late", later), Schedule(budget=32, buffer=8), synthetic_model(layers=2), prompt_len=4, row_seeds=[0]
+    )
+    with pytest.raises(PolicyOutputError, match="policy 'late' at layer 1, eviction event 2"):
+        for _ in range(80):
+            backend.step()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget": 64, "buffer": 64}, "must be larger than the buffer"),
+        ({"budget": 16, "buffer": 64}, "K=16 must be larger than the buffer B=64"),
+        ({"budget": 100, "buffer": 64, "budget_multiple_of_buffer": True}, "not a multiple of the buffer B=64.*use 64 or 128"),
+        ({"budget": 100, "buffer": 0}, "buffer must be at least 1"),
+        ({"budget": 100, "buffer": 8, "protection": "everything"}, "protection must be"),
+    ],
+)
+def test_bad_budgets_are_refused_with_the_reason(kwargs: dict, message: str) -> None:
+    with pytest.raises(BudgetError, match=message):
+        Schedule(**kwargs)
+
+
+def test_multiple_of_buffer_accepted_when_required() -> None:
+    assert Schedule(budget=128, buffer=64, budget_multiple_of_buffer=True).keep == 64
+
+
+def test_long_prompt_protection_is_capped_and_reported() -> None:
+    schedule = Schedule(budget=128, buffer=32)
+    prefix = schedule.protected_prefix(500)
+    assert (prefix.requested, prefix.count, prefix.capped) == (500, 95, True)
+    assert not schedule.protected_prefix(95).capped
+
+
+def test_missing_queries_are_refused() -> None:
+    model = synthetic_model(layers=1)
+    evictor = Evictor(make_policy("snapkv"), Schedule(budget=16, buffer=4), model, prompt_len=2, row_seeds=[0])
+    layer = LayerKV(torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16), torch.arange(20).expand(1, 2, 20))
+    with pytest.raises(CapabilityError, match="'snapkv' needs recent queries"):
+        evictor.evict([layer], step=20)
+
+
+def test_missing_calibration_is_refused_before_any_work() -> None:
+    with pytest.raises(CapabilityError, match="kvbench calibrate --model"):
+        Evictor(make_policy("triattention"), Schedule(budget=16, buffer=4), synthetic_model(), prompt_len=2, row_seeds=[0])
+
+
+def test_policy_own_infinity_never_displaces_protected_slots() -> None:
+    @policy("all-inf")
+    class Greedy(Policy):
+        """Claims every slot."""
+
+        def score(self, view: EvictionView) -> torch.Tensor:
+            return torch.full(view.positions.shape, float("inf"))
+
+    model = synthetic_model(layers=1)
+    backend = SyntheticBackend(Greedy(), Schedule(budget=24, buffer=4), model, prompt_len=19, row_seeds=[0])
+    for _ in range(30):
+        backend.step()
+    assert (backend.layers[0].positions[..., :19] == torch.arange(19)).all()
