@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
-
 from kvbench.contract import ModelFacts, Policy
 from kvbench.engine import Evictor, LayerKV
 from kvbench.schedule import Schedule
 from kvbench.seeding import generator, stable_seed
+from torch import Tensor
 
 
 def rope_inv_freq(head_dim: int, base: float = 10000.0) -> Tensor:
@@ -96,7 +95,9 @@ class SyntheticBackend:
         pos = torch.arange(self.seen, self.seen + count)
         kv_pos = pos.expand(self.batch, m.num_kv_heads, count)
         keys = apply_rope(self._draw(m.num_kv_heads, count), kv_pos, m.rope_inv_freq)
-        queries = apply_rope(self._draw(m.num_q_heads, count), pos.expand(self.batch, m.num_q_heads, count), m.rope_inv_freq)
+        queries = apply_rope(
+            self._draw(m.num_q_heads, count), pos.expand(self.batch, m.num_q_heads, count), m.rope_inv_freq
+        )
         return keys, self._draw(m.num_kv_heads, count), kv_pos.clone(), queries
 
     def _attend(self, layer: int, queries: Tensor) -> None:

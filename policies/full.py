@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torch import Tensor
-
 from kvbench.contract import EvictionView, Policy, policy
+from torch import Tensor
 
 
 @policy("full")

@@ -11,10 +11,9 @@ W = 64.
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import key_redundancy, window_attention
+from torch import Tensor
 
 
 @policy("rkv", needs={"queries"})
@@ -30,5 +29,7 @@ class RKV(Policy):
         return self.window
 
     def score(self, view: EvictionView) -> Tensor:
-        importance = window_attention(view.queries[:, :, -self.window :], view.keys, pool="avg5", group="mean")
+        importance = window_attention(
+            view.queries[:, :, -self.window :], view.keys, pool="avg5", group="mean"
+        )
         return self.lam * importance - (1.0 - self.lam) * key_redundancy(view.keys)

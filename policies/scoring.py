@@ -11,16 +11,15 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from kvbench.contract import EvictionView
+from torch import Tensor
 
 Pool = Literal["avg5", "max7", "none"]
 GroupReduce = Literal["mean", "max"]
 
 
 def pool_slots(scores: Tensor, pool: Pool) -> Tensor:
-    """1-D pooling along the last (slot) axis: ``avg5`` (kernel 5, padding 2, zero-padded average) or ``max7``."""
+    """1-D pooling along the slot axis: ``avg5`` (kernel 5, padding 2, zeros counted) or ``max7``."""
     if pool == "none":
         return scores
     shape = scores.shape
@@ -34,7 +33,9 @@ def pool_slots(scores: Tensor, pool: Pool) -> Tensor:
     return flat.reshape(shape)
 
 
-def window_attention(queries: Tensor, keys: Tensor, pool: Pool = "avg5", group: GroupReduce = "mean") -> Tensor:
+def window_attention(
+    queries: Tensor, keys: Tensor, pool: Pool = "avg5", group: GroupReduce = "mean"
+) -> Tensor:
     """Attention of the recent queries to the candidates, averaged over the window: [B, Hkv, n].
 
     queries [B, Hq, W, D], keys [B, Hkv, n, D]. Softmax over the candidates only, in fp32.
@@ -104,5 +105,7 @@ def gumbel_topk(weights: Tensor, view: EvictionView) -> Tensor:
     noise = view.gumbel(*weights.shape[1:])
     w = weights.float()
     positive = w > 0
-    log_w = torch.where(positive, w.clamp(min=torch.finfo(torch.float32).tiny).log(), torch.full_like(w, -1e4))
+    log_w = torch.where(
+        positive, w.clamp(min=torch.finfo(torch.float32).tiny).log(), torch.full_like(w, -1e4)
+    )
     return log_w + noise

@@ -6,9 +6,8 @@ use a protocol with ``sinks: 4`` protection, so that every policy compared with 
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from kvbench.contract import EvictionView, Policy, policy
+from torch import Tensor
 
 
 @policy("streaming")

@@ -25,10 +25,9 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
-from torch import Tensor
-
 from kvbench.calibration import QueryStats, complex_bands
 from kvbench.contract import EvictionView, Policy, policy
+from torch import Tensor
 
 
 @policy("triattention", needs={"rope", "calibration"})
@@ -43,12 +42,16 @@ class TriAttention(Policy):
         omega = view.model.rope_inv_freq.double().to(view.keys.device)  # [F]
         offsets = 2.0 ** torch.arange(self.max_offset_log2 + 1, dtype=torch.float64, device=omega.device)
         mean_offset = torch.polar(torch.ones_like(omega), offsets[:, None] * omega).mean(dim=0)  # M_f
-        w = stats.mean[view.layer].to(omega.device) * mean_offset * torch.polar(torch.ones_like(omega), view.step * omega)
+        w = (
+            stats.mean[view.layer].to(omega.device)
+            * mean_offset
+            * torch.polar(torch.ones_like(omega), view.step * omega)
+        )
         return torch.cat([w.real, w.imag], dim=-1).float()
 
     def score(self, view: EvictionView) -> Tensor:
         stats: QueryStats = view.calibration
-        batch, kv_heads, n, dim = view.keys.shape
+        _, kv_heads, _, dim = view.keys.shape
         group = view.model.group
         keys = view.keys.float()
         query = self.expected_query(stats, view).view(kv_heads, group, dim)
@@ -62,5 +65,9 @@ class TriAttention(Policy):
         reference = torch.where(decode.any(dim=-1, keepdim=True), decode, torch.ones_like(decode)).float()
         count = reference.sum(dim=-1, keepdim=True)
         mean = (per_head * reference).sum(dim=-1, keepdim=True) / count
-        std = (((per_head - mean) * reference).square().sum(dim=-1, keepdim=True) / count).sqrt().clamp(min=1e-6)
+        std = (
+            (((per_head - mean) * reference).square().sum(dim=-1, keepdim=True) / count)
+            .sqrt()
+            .clamp(min=1e-6)
+        )
         return ((per_head - mean) / std).amax(dim=2)

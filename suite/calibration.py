@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from kvbench.errors import PrerequisiteError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-
-from kvbench.errors import PrerequisiteError
 
 FORMAT_VERSION = 1
 
@@ -58,14 +57,20 @@ class QueryStats:
             "mean_imag": self.mean.imag.contiguous(),
             "mean_abs": self.mean_abs.contiguous(),
         }
-        meta = {"format": str(FORMAT_VERSION), "model": self.model, "corpus": self.corpus, "tokens": str(self.tokens)}
+        meta = {
+            "format": str(FORMAT_VERSION),
+            "model": self.model,
+            "corpus": self.corpus,
+            "tokens": str(self.tokens),
+        }
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
     def load(cls, path: Path, model: str | None = None) -> QueryStats:
         if not path.is_file():
             raise PrerequisiteError(
-                f"no calibration statistics at {path}: run `kvbench calibrate --model {model or 'MODEL'}` first"
+                f"no calibration statistics at {path}: "
+                f"run `kvbench calibrate --model {model or 'MODEL'}` first"
             )
         from safetensors import safe_open
 

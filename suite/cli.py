@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from kvbench.errors import KvbenchError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 console = Console()
 errors = Console(stderr=True)
@@ -44,10 +44,9 @@ def _new_policy(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import torch
     from kvbench.bench.evict import as_rows, bench_evict
     from kvbench.bench.machine import describe_machine
-
-    import torch
 
     dtype = args.dtype
     results = bench_evict(
@@ -59,14 +58,20 @@ def _bench(args: argparse.Namespace) -> int:
         min_run_time=args.min_time,
     )
     machine = describe_machine()
-    table = Table(title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {dtype}")
+    table = Table(
+        title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {dtype}"
+    )
     for column in ("policy", "batch", "ms / event", "× random", "runs"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
-        table.add_row(r.policy, str(r.batch), f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}", str(r.runs))
+        table.add_row(
+            r.policy, str(r.batch), f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}", str(r.runs)
+        )
     console.print(table)
-    console.print(f"machine: {machine['cpu']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
-                  f"({machine['torch_threads']} threads)")
+    console.print(
+        f"machine: {machine['cpu']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
+        f"({machine['torch_threads']} threads)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "results": as_rows(results)}, indent=2))
     return 0
@@ -104,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except KvbenchError as exc:
-        errors.print(f"[bold red]kvbench:[/] {exc}", highlight=False, markup=True)
+        errors.print(f"[bold red]kvbench:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
 
 

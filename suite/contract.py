@@ -102,7 +102,9 @@ class LayerState:
         new._fills = dict(self._fills)
         new._rows = dict(self._rows)
         for name, tensor in self._slots.items():
-            idx = index.view(*index.shape, *([1] * (tensor.dim() - 3))).expand(*index.shape, *tensor.shape[3:])
+            idx = index.view(*index.shape, *([1] * (tensor.dim() - 3))).expand(
+                *index.shape, *tensor.shape[3:]
+            )
             new._slots[name] = torch.gather(tensor, 2, idx)
         return new
 

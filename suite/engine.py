@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
-
 from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy, StepView
 from kvbench.errors import CapabilityError, PolicyOutputError
 from kvbench.schedule import ProtectedPrefix, Schedule
 from kvbench.seeding import eviction_seed, generator
+from torch import Tensor
 
 
 @dataclass
@@ -106,7 +105,9 @@ class Evictor:
                 f"run `kvbench calibrate --model {model.name}` first"
             )
         if "rope" in policy.needs and model.rope_inv_freq is None:
-            raise CapabilityError(f"policy {policy.name!r} needs RoPE frequencies, which model {model.name!r} lacks")
+            raise CapabilityError(
+                f"policy {policy.name!r} needs RoPE frequencies, which model {model.name!r} lacks"
+            )
         self.policy = policy
         self.schedule = schedule
         self.model = model
@@ -214,7 +215,9 @@ class Evictor:
                 "low-precision scores tie and bias top-k)"
             )
         if scores.device != view.keys.device:
-            raise PolicyOutputError(f"{where} returned scores on {scores.device}; the cache is on {view.keys.device}")
+            raise PolicyOutputError(
+                f"{where} returned scores on {scores.device}; the cache is on {view.keys.device}"
+            )
         if torch.isnan(scores).any():
             bad = torch.isnan(scores).nonzero()[0].tolist()
             raise PolicyOutputError(f"{where} returned NaN scores (first at row, head, slot = {bad})")
@@ -223,8 +226,9 @@ class Evictor:
         if short.any():
             row, head = short.nonzero()[0].tolist()
             raise PolicyOutputError(
-                f"{where}: row {row}, KV head {head} has {int(usable[row, head])} candidates with a score above "
-                f"-inf, but K − B = {view.keep} must be kept; give -inf only to slots that must never be kept"
+                f"{where}: row {row}, KV head {head} has {int(usable[row, head])} candidates with a score "
+                f"above -inf, but K − B = {view.keep} must be kept; "
+                "give -inf only to slots that must never be kept"
             )
 
     def _keep_index(self, kv: LayerKV, scores: Tensor) -> Tensor:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-
 from kvbench.contract import Policy, is_policy_class
 from kvbench.errors import SpecError, UnknownPolicyError
 
@@ -96,7 +95,8 @@ def _load_file(path_text: str, class_name: str) -> PolicyRef:
     if not is_policy_class(cls):
         names = [n for n, v in vars(module).items() if is_policy_class(v)]
         raise SpecError(
-            f"{path} has no policy class {class_name!r} (policy classes there: {', '.join(names) or 'none'}); "
+            f"{path} has no policy class {class_name!r} "
+            f"(policy classes there: {', '.join(names) or 'none'}); "
             "decorate a kvbench.Policy subclass with @kvbench.policy('name')"
         )
     return PolicyRef(cls, f"file {path}")
@@ -144,7 +144,9 @@ def make_policy(text: str, **params: Any) -> Policy:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}" for err in exc.errors()
         )
-        raise SpecError(f"policy {ref.cls.name!r}: bad parameters ({problems}). Its parameters: {fields}") from None
+        raise SpecError(
+            f"policy {ref.cls.name!r}: bad parameters ({problems}). Its parameters: {fields}"
+        ) from None
 
 
 def policy_record(policy: Policy) -> dict[str, Any]:

@@ -61,7 +61,9 @@ def write_template(name: str, folder: Path) -> Path:
         raise SpecError(f"policy name {name!r} is a Python keyword; choose another")
     path = folder / f"{module}.py"
     if path.exists():
-        raise SpecError(f"{path} exists already; kvbench new-policy never overwrites a file. Choose another name.")
+        raise SpecError(
+            f"{path} exists already; kvbench new-policy never overwrites a file. Choose another name."
+        )
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(TEMPLATE.format(name=name, cls=class_name(name), title=class_name(name)))
     return path

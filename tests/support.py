@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
-
 from kvbench.adapters.synthetic import SyntheticBackend, apply_rope, synthetic_model
 from kvbench.calibration import QueryStats
 from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy
 from kvbench.seeding import eviction_seed, generator
+from torch import Tensor
 
 ROW_SEEDS = (11, 22, 33, 44)
 
 
 def make_calibration(model: ModelFacts, seed: int = 5) -> QueryStats:
     gen = torch.Generator().manual_seed(seed)
-    queries = [torch.randn(model.num_q_heads, 64, model.head_dim, generator=gen) + 0.5 for _ in range(model.num_layers)]
+    queries = [
+        torch.randn(model.num_q_heads, 64, model.head_dim, generator=gen) + 0.5
+        for _ in range(model.num_layers)
+    ]
     return QueryStats.from_queries(model.name, "random test corpus", queries)
 
 
@@ -43,16 +45,24 @@ def random_view(
     step = n + 3 * buffer + prompt_len
     positions = torch.stack(
         [
-            torch.stack([torch.randperm(step - buffer, generator=gen)[:n].sort().values for _ in range(kv_heads)])
+            torch.stack(
+                [torch.randperm(step - buffer, generator=gen)[:n].sort().values for _ in range(kv_heads)]
+            )
             for _ in range(batch)
         ]
     )
     positions[..., :prompt_len] = torch.arange(prompt_len)  # the prompt is protected, so it is always there
     positions = positions.sort(dim=-1).values
     keys = apply_rope(torch.randn(batch, kv_heads, n, dim, generator=gen), positions, model.rope_inv_freq)
-    values = torch.randn(batch, kv_heads, n, dim, generator=gen) * torch.rand(batch, kv_heads, n, 1, generator=gen) * 3
+    values = (
+        torch.randn(batch, kv_heads, n, dim, generator=gen)
+        * torch.rand(batch, kv_heads, n, 1, generator=gen)
+        * 3
+    )
     q_pos = torch.arange(step - window, step).expand(batch, model.num_q_heads, window)
-    queries = apply_rope(torch.randn(batch, model.num_q_heads, window, dim, generator=gen), q_pos, model.rope_inv_freq)
+    queries = apply_rope(
+        torch.randn(batch, model.num_q_heads, window, dim, generator=gen), q_pos, model.rope_inv_freq
+    )
     count = prompt_len if protected_count is None else protected_count
     seeds = ROW_SEEDS[:batch]
     return EvictionView(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kvbench.adapters.synthetic import synthetic_model
 from kvbench.registry import known_policies, make_policy
 from kvbench.schedule import Schedule
@@ -22,7 +21,9 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"B{s[0]}L{s[1]}H{s[2]}G{s[3]}K{s[5]}b{s[6]}{s[8]}-{s[9]}")
+@pytest.mark.parametrize(
+    "shape", SHAPES, ids=lambda s: f"B{s[0]}L{s[1]}H{s[2]}G{s[3]}K{s[5]}b{s[6]}{s[8]}-{s[9]}"
+)
 @pytest.mark.parametrize("name", EVICTING)
 def test_schedule_invariants(name: str, shape: tuple) -> None:
     batch, layers, kv_heads, group, dim, budget, buffer, prompt_len, protection, order = shape
@@ -51,7 +52,11 @@ def test_schedule_invariants(name: str, shape: tuple) -> None:
         events += 1
         for layer, kv in enumerate(backend.layers):
             positions = kv.positions
-            assert kv.keys.shape == (batch, kv_heads, budget, dim) and positions.shape == (batch, kv_heads, budget)
+            assert kv.keys.shape == (batch, kv_heads, budget, dim) and positions.shape == (
+                batch,
+                kv_heads,
+                budget,
+            )
             # the buffer: the B most recent tokens, last, in order
             recent = torch.arange(record.step - buffer, record.step)
             assert torch.equal(positions[..., -buffer:], recent.expand(batch, kv_heads, buffer))
@@ -91,7 +96,9 @@ def test_cache_oscillates_between_k_and_k_plus_b() -> None:
 
 def test_full_never_evicts() -> None:
     model = synthetic_model(layers=1)
-    backend = RecordingBackend(make_policy("full"), Schedule(budget=16, buffer=4), model, prompt_len=3, row_seeds=[0])
+    backend = RecordingBackend(
+        make_policy("full"), Schedule(budget=16, buffer=4), model, prompt_len=3, row_seeds=[0]
+    )
     for _ in range(50):
         assert not backend.step().evicted
     assert backend.layers[0].length == 53
@@ -100,8 +107,12 @@ def test_full_never_evicts() -> None:
 def test_layer_reduce_mean_shares_one_keep_set_across_layers() -> None:
     model = synthetic_model(layers=3)
     backend = RecordingBackend(
-        make_policy("triattention"), Schedule(budget=24, buffer=4), model,
-        prompt_len=3, row_seeds=[0, 1], calibration=make_calibration(model),
+        make_policy("triattention"),
+        Schedule(budget=24, buffer=4),
+        model,
+        prompt_len=3,
+        row_seeds=[0, 1],
+        calibration=make_calibration(model),
     )
     for _ in range(60):
         backend.step()
@@ -116,7 +127,9 @@ def test_rows_leaving_the_batch_keep_their_draws() -> None:
     schedule = Schedule(budget=24, buffer=4)
 
     def run(row_seeds: list[int], drop_after: int | None) -> torch.Tensor:
-        backend = RecordingBackend(make_policy("random"), schedule, model, prompt_len=3, row_seeds=row_seeds, seed=9)
+        backend = RecordingBackend(
+            make_policy("random"), schedule, model, prompt_len=3, row_seeds=row_seeds, seed=9
+        )
         for step in range(80):
             if drop_after is not None and step == drop_after:
                 backend.select_rows([1])

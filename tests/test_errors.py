@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+
 import pytest
 import torch
-
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.engine import Evictor, LayerKV
@@ -36,7 +36,10 @@ BROKEN = {
     "bf16": (lambda v: _ones(v).bfloat16(), "torch.bfloat16 scores"),
     "device": (lambda v: _ones(v).to("meta"), "scores on meta"),
     "list": (lambda v: _ones(v).tolist(), "returned list"),
-    "too-few": (lambda v: _ones(v).index_fill(2, torch.arange(6, v.num_candidates), float("-inf")), "candidates with a score above -inf"),
+    "too-few": (
+        lambda v: _ones(v).index_fill(2, torch.arange(6, v.num_candidates), float("-inf")),
+        "candidates with a score above -inf",
+    ),
 }
 
 
@@ -44,8 +47,11 @@ BROKEN = {
 def test_broken_scorer_is_named_with_layer_and_event(kind: str) -> None:
     make, message = BROKEN[kind]
     backend = SyntheticBackend(
-        _scorer(f"broken-{kind}", make), Schedule(budget=32, buffer=8), synthetic_model(layers=2),
-        prompt_len=4, row_seeds=[0, 1],
+        _scorer(f"broken-{kind}", make),
+        Schedule(budget=32, buffer=8),
+        synthetic_model(layers=2),
+        prompt_len=4,
+        row_seeds=[0, 1],
     )
     with pytest.raises(PolicyOutputError) as caught:
         for _ in range(60):
@@ -63,7 +69,11 @@ def test_the_error_names_the_event_where_it_happened() -> None:
         return _ones(view) * (float("nan") if view.event == 2 and view.layer == 1 else 1.0)
 
     backend = SyntheticBackend(
-        _scorer("late", later), Schedule(budget=32, buffer=8), synthetic_model(layers=2), prompt_len=4, row_seeds=[0]
+        _scorer("late", later),
+        Schedule(budget=32, buffer=8),
+        synthetic_model(layers=2),
+        prompt_len=4,
+        row_seeds=[0],
     )
     with pytest.raises(PolicyOutputError, match="policy 'late' at layer 1, eviction event 2"):
         for _ in range(80):
@@ -75,7 +85,10 @@ def test_the_error_names_the_event_where_it_happened() -> None:
     [
         ({"budget": 64, "buffer": 64}, "must be larger than the buffer"),
         ({"budget": 16, "buffer": 64}, "K=16 must be larger than the buffer B=64"),
-        ({"budget": 100, "buffer": 64, "budget_multiple_of_buffer": True}, "not a multiple of the buffer B=64.*use 64 or 128"),
+        (
+            {"budget": 100, "buffer": 64, "budget_multiple_of_buffer": True},
+            "not a multiple of the buffer B=64.*use 64 or 128",
+        ),
         ({"budget": 100, "buffer": 0}, "buffer must be at least 1"),
         ({"budget": 100, "buffer": 8, "protection": "everything"}, "protection must be"),
     ],
@@ -98,7 +111,9 @@ def test_long_prompt_protection_is_capped_and_reported() -> None:
 
 def test_missing_queries_are_refused() -> None:
     model = synthetic_model(layers=1)
-    evictor = Evictor(make_policy("snapkv"), Schedule(budget=16, buffer=4), model, prompt_len=2, row_seeds=[0])
+    evictor = Evictor(
+        make_policy("snapkv"), Schedule(budget=16, buffer=4), model, prompt_len=2, row_seeds=[0]
+    )
     layer = LayerKV(torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16), torch.arange(20).expand(1, 2, 20))
     with pytest.raises(CapabilityError, match="'snapkv' needs recent queries"):
         evictor.evict([layer], step=20)
@@ -106,7 +121,13 @@ def test_missing_queries_are_refused() -> None:
 
 def test_missing_calibration_is_refused_before_any_work() -> None:
     with pytest.raises(CapabilityError, match="kvbench calibrate --model"):
-        Evictor(make_policy("triattention"), Schedule(budget=16, buffer=4), synthetic_model(), prompt_len=2, row_seeds=[0])
+        Evictor(
+            make_policy("triattention"),
+            Schedule(budget=16, buffer=4),
+            synthetic_model(),
+            prompt_len=2,
+            row_seeds=[0],
+        )
 
 
 def test_policy_own_infinity_never_displaces_protected_slots() -> None:

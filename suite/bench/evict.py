@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.utils.benchmark import Timer
-
 from kvbench.adapters.synthetic import apply_rope, rope_inv_freq
 from kvbench.calibration import QueryStats
 from kvbench.contract import ModelFacts
 from kvbench.engine import Evictor, LayerKV
 from kvbench.registry import known_policies, make_policy
 from kvbench.schedule import Schedule
+from torch.utils.benchmark import Timer
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,9 @@ def bench_evict(
     model = ModelFacts("bench", 1, q_heads, kv_heads, head_dim, rope_inv_freq=rope_inv_freq(head_dim).float())
     schedule = Schedule(budget=budget, buffer=buffer, protection="prompt")
     gen = torch.Generator().manual_seed(0)
-    calibration = QueryStats.from_queries("bench", "random", [torch.randn(q_heads, 256, head_dim, generator=gen)])
+    calibration = QueryStats.from_queries(
+        "bench", "random", [torch.randn(q_heads, 256, head_dim, generator=gen)]
+    )
     results: list[EvictTiming] = []
     for batch in batches:
         layer = _layer(batch, model, budget + buffer, dtype, gen)
@@ -73,7 +74,12 @@ def bench_evict(
         for name in names:
             policy = make_policy(name)
             evictor = Evictor(
-                policy, schedule, model, prompt_len=prompt_len, row_seeds=range(batch), calibration=calibration
+                policy,
+                schedule,
+                model,
+                prompt_len=prompt_len,
+                row_seeds=range(batch),
+                calibration=calibration,
             )
             timer = Timer(
                 "evictor.evict([layer], step=step, queries=[queries])",

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-
 from kvbench.contract import LayerState, Policy
 from kvbench.registry import known_policies, make_policy
 from support import random_view
@@ -18,7 +17,9 @@ def _view(policy: Policy, state: LayerState | None = None):
     view = random_view(policy, state=state)
     if "step_attention" in policy.needs:  # a scorer that observes needs to have observed something
         gen = torch.Generator().manual_seed(0)
-        view.state.register_slot("acc", torch.rand(*view.positions.shape[:2], view.num_candidates + 8, generator=gen))
+        view.state.register_slot(
+            "acc", torch.rand(*view.positions.shape[:2], view.num_candidates + 8, generator=gen)
+        )
     return view
 
 
@@ -44,8 +45,11 @@ def test_same_rng_same_scores(name: str) -> None:
 def test_view_is_left_unchanged(name: str) -> None:
     policy = make_policy(name)
     view = _view(policy)
-    tensors = {f.name: getattr(view, f.name).clone() for f in dataclasses.fields(view)
-               if isinstance(getattr(view, f.name), torch.Tensor)}
+    tensors = {
+        f.name: getattr(view, f.name).clone()
+        for f in dataclasses.fields(view)
+        if isinstance(getattr(view, f.name), torch.Tensor)
+    }
     policy.score(view)
     for field_name, before in tensors.items():
         assert torch.equal(getattr(view, field_name), before), field_name

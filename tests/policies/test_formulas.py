@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from kvbench.contract import LayerState
 from kvbench.registry import make_policy
 from support import random_view, row_generators
@@ -16,17 +15,21 @@ ATOL = 1e-5
 
 def loop_window_attention(queries, keys, pool: str, group: str):
     """window_attention with loops over rows, KV heads and query heads."""
-    batch, q_heads, window, dim = queries.shape
+    batch, q_heads, _, dim = queries.shape
     kv_heads, n = keys.shape[1], keys.shape[2]
     g = q_heads // kv_heads
     out = torch.zeros(batch, kv_heads, n)
     for b in range(batch):
         for h in range(kv_heads):
-            logits = torch.stack([queries[b, h * g + j] @ keys[b, h].T / math.sqrt(dim) for j in range(g)])  # [G, W, n]
+            logits = torch.stack(
+                [queries[b, h * g + j] @ keys[b, h].T / math.sqrt(dim) for j in range(g)]
+            )  # [G, W, n]
             if group == "max":
                 out[b, h] = loop_pool(logits.max(dim=0).values.softmax(-1).mean(0), pool)
             else:
-                out[b, h] = torch.stack([loop_pool(logits[j].softmax(-1).mean(0), pool) for j in range(g)]).mean(0)
+                out[b, h] = torch.stack(
+                    [loop_pool(logits[j].softmax(-1).mean(0), pool) for j in range(g)]
+                ).mean(0)
     return out
 
 
@@ -40,7 +43,9 @@ def loop_pool(x, pool: str):
 
 
 def cosine_matrix(k):
-    return torch.stack([torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0) for b in k]) for a in k])
+    return torch.stack(
+        [torch.stack([torch.nn.functional.cosine_similarity(a, b, dim=0) for b in k]) for a in k]
+    )
 
 
 def loop_redundancy(keys):
@@ -69,12 +74,16 @@ def loop_rkv_official_redundancy(keys, threshold):
 
 
 def loop_leverage(x, g):
-    return torch.stack([torch.stack([(x[b, h] @ g[b]).pow(2).sum(-1) for h in range(x.shape[1])]) for b in range(x.shape[0])])
+    return torch.stack(
+        [torch.stack([(x[b, h] @ g[b]).pow(2).sum(-1) for h in range(x.shape[1])]) for b in range(x.shape[0])]
+    )
 
 
 def test_random_is_the_rows_uniform_draws() -> None:
     view = random_view(make_policy("random"))
-    expected = torch.stack([torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)])
+    expected = torch.stack(
+        [torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)]
+    )
     assert torch.equal(make_policy("random").score(view), expected)
 
 
@@ -86,7 +95,9 @@ def test_streaming_is_recency() -> None:
 def test_evict_range_is_minus_value_range() -> None:
     view = random_view(make_policy("evict-range"))
     v = view.values
-    expected = torch.tensor([[[-(max(s.tolist()) - min(s.tolist())) for s in head] for head in row] for row in v])
+    expected = torch.tensor(
+        [[[-(max(s.tolist()) - min(s.tolist())) for s in head] for head in row] for row in v]
+    )
     assert torch.allclose(make_policy("evict-range").score(view), expected, atol=ATOL)
 
 
@@ -158,7 +169,9 @@ def test_vase_attnv() -> None:
             assert {i for i in range(view.num_candidates) if scores[b, h, i] == float("inf")} == reserved
     # the rest: log(attention) + Gumbel noise from the row's generator
     attention = loop_window_attention(view.queries[:, :, -8:], view.keys, "avg5", "mean")
-    u = torch.stack([torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)])
+    u = torch.stack(
+        [torch.rand(view.keys.shape[1], view.num_candidates, generator=g) for g in row_generators(view)]
+    )
     expected = attention.log() - torch.log(-torch.log(u))
     finite = scores.isfinite()
     assert torch.allclose(scores[finite], expected[finite], atol=1e-4)
@@ -198,9 +211,12 @@ def test_triattention_matches_the_trigonometric_series() -> None:
                     k = torch.complex(real, imag)
                     amp = q_mean.abs() * k.abs()
                     phi = torch.angle(q_mean * k.conj())
-                    trig = sum(
-                        (amp * torch.cos(omega * (view.step - p + 2.0**e) + phi)).sum() for e in range(17)
-                    ) / 17
+                    trig = (
+                        sum(
+                            (amp * torch.cos(omega * (view.step - p + 2.0**e) + phi)).sum() for e in range(17)
+                        )
+                        / 17
+                    )
                     row.append(trig + ((m - q_mean.abs()) * k.abs()).sum())
                 row = torch.stack(row)
                 decode = view.positions[b, h] >= view.prompt_len

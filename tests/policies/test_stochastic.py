@@ -8,14 +8,13 @@ import math
 
 import pytest
 import torch
-from scipy import stats
-
 from kvbench.adapters.synthetic import synthetic_model
 from kvbench.contract import LayerState
 from kvbench.engine import Evictor, LayerKV
 from kvbench.policies.scoring import gumbel_topk
 from kvbench.registry import make_policy
 from kvbench.schedule import Schedule
+from scipy import stats
 from support import RecordingBackend, make_calibration, random_view
 
 STOCHASTIC = ["random", "vase-attnv", "vase-dkv", "curdkv"]
@@ -24,8 +23,13 @@ STOCHASTIC = ["random", "vase-attnv", "vase-dkv", "curdkv"]
 def _run(name: str, row_seeds: list[int], steps: int = 90) -> torch.Tensor:
     model = synthetic_model(layers=2)
     backend = RecordingBackend(
-        make_policy(name), Schedule(budget=32, buffer=8), model,
-        prompt_len=5, row_seeds=row_seeds, seed=1, calibration=make_calibration(model),
+        make_policy(name),
+        Schedule(budget=32, buffer=8),
+        model,
+        prompt_len=5,
+        row_seeds=row_seeds,
+        seed=1,
+        calibration=make_calibration(model),
     )
     for _ in range(steps):
         backend.step()
@@ -51,10 +55,15 @@ def test_random_keeps_each_unprotected_slot_with_probability_m_over_n() -> None:
     rows, heads, n, buffer, protected, keep = 4000, 2, 20, 4, 4, 10
     model = synthetic_model(layers=1, q_heads=2, kv_heads=heads, head_dim=4)
     positions = torch.arange(n + buffer).expand(rows, heads, -1).contiguous()
-    layer = LayerKV(torch.zeros(rows, heads, n + buffer, 4), torch.zeros(rows, heads, n + buffer, 4), positions)
+    layer = LayerKV(
+        torch.zeros(rows, heads, n + buffer, 4), torch.zeros(rows, heads, n + buffer, 4), positions
+    )
     evictor = Evictor(
-        make_policy("random"), Schedule(budget=keep + buffer, buffer=buffer), model,
-        prompt_len=protected, row_seeds=range(rows),
+        make_policy("random"),
+        Schedule(budget=keep + buffer, buffer=buffer),
+        model,
+        prompt_len=protected,
+        row_seeds=range(rows),
     )
     (kept,) = evictor.evict([layer], step=n + buffer)
     counts = torch.zeros(n)
@@ -114,8 +123,12 @@ def test_vase_attnv_always_keeps_the_largest_value_ranges() -> None:
         view = random_view(policy, n=72, budget=64, buffer=8, seed=trial, prompt_len=2)
         gen = torch.Generator().manual_seed(trial)
         layer = LayerKV(
-            torch.cat([view.keys, torch.randn(*view.keys.shape[:2], 8, view.keys.shape[-1], generator=gen)], 2),
-            torch.cat([view.values, torch.randn(*view.values.shape[:2], 8, view.values.shape[-1], generator=gen)], 2),
+            torch.cat(
+                [view.keys, torch.randn(*view.keys.shape[:2], 8, view.keys.shape[-1], generator=gen)], 2
+            ),
+            torch.cat(
+                [view.values, torch.randn(*view.values.shape[:2], 8, view.values.shape[-1], generator=gen)], 2
+            ),
             torch.cat([view.positions, view.positions.amax(-1, keepdim=True) + torch.arange(1, 9)], 2),
         )
         evictor = Evictor(policy, Schedule(budget=64, buffer=8), view.model, prompt_len=2, row_seeds=[1, 2])
@@ -138,7 +151,9 @@ def test_curdkv_keeps_its_projection_and_vase_dkv_redraws() -> None:
 
 def test_h2o_accumulator_is_the_summed_softmax_probabilities() -> None:
     model = synthetic_model(layers=2, q_heads=6, kv_heads=2, head_dim=8)
-    backend = RecordingBackend(make_policy("h2o"), Schedule(budget=512, buffer=8), model, prompt_len=7, row_seeds=[0, 1])
+    backend = RecordingBackend(
+        make_policy("h2o"), Schedule(budget=512, buffer=8), model, prompt_len=7, row_seeds=[0, 1]
+    )
     for _ in range(20):
         backend.step()
     for layer, kv in enumerate(backend.layers):

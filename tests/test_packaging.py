@@ -1,0 +1,61 @@
+"""`pip install .` must give the same package as the editable checkout: the folder mapping works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_maps_the_design_folders_into_one_package(tmp_path: Path) -> None:
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("kvbench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for expected in (
+        "kvbench/engine.py",
+        "kvbench/policies/rkv.py",
+        "kvbench/policies/scoring.py",
+        "kvbench/adapters/synthetic.py",
+        "kvbench/leaderboard/__init__.py",
+        "kvbench/cli.py",
+    ):
+        assert expected in names
+    assert not any(n.startswith(("policies/", "suite/", "adapters/", "tests/")) for n in names)
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kvbench, kvbench.policies.rkv, kvbench.adapters.synthetic; print(kvbench.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip().startswith(str(site))
+    listing = subprocess.run(
+        [sys.executable, "-m", "kvbench", "list", "policies"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert listing.returncode == 0 and "vase-attnv\t" in listing.stdout
