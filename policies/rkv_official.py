@@ -26,12 +26,12 @@ def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
     """R-KV's redundancy [B, Hkv, n] (see the module docstring), computed in row chunks."""
     n = keys.shape[2]
     column_sums = torch.zeros(keys.shape[:3], dtype=torch.float32, device=keys.device)
-    slot = torch.arange(n, device=keys.device)
-    for start, cos in key_similarity_rows(keys):
+    one_based = torch.arange(1, n + 1, device=keys.device, dtype=torch.int16 if n < 2**15 else torch.int32)
+    for start, cos in key_similarity_rows(keys, chunk=256):  # [B, Hkv, c, n]
         rows = torch.arange(cos.shape[2], device=keys.device)
         cos[:, :, rows, rows + start] = 0.0
-        newest_similar = torch.where(cos > threshold, slot, 0).amax(dim=-1, keepdim=True)  # [B, Hkv, c, 1]
-        cos.scatter_(-1, newest_similar, 0.0)
+        newest_similar = ((cos > threshold) * one_based).amax(dim=-1, keepdim=True)  # 0: none
+        cos.scatter_(-1, (newest_similar.long() - 1).clamp(min=0), 0.0)
         column_sums += cos.sum(dim=2)
     return (column_sums / n).softmax(dim=-1)
 

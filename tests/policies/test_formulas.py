@@ -119,11 +119,14 @@ def test_rkv(lam: float) -> None:
     assert torch.allclose(policy.score(view), expected, atol=ATOL)
 
 
-def test_key_redundancy_chunks_equal_one_block() -> None:
+def test_key_redundancy_handles_zero_keys_and_large_n() -> None:
     from kvbench.policies.scoring import key_redundancy
 
-    keys = torch.randn(2, 3, 300, 8)
-    assert torch.allclose(key_redundancy(keys, chunk=7), key_redundancy(keys, chunk=1000), atol=1e-6)
+    keys = torch.randn(1, 2, 50, 8)
+    keys[0, 1, 7] = 0.0  # a zero key has no direction: similarity 0 to everything
+    assert torch.allclose(key_redundancy(keys), loop_redundancy(keys), atol=1e-6)
+    big = key_redundancy(torch.randn(1, 1, 20_000, 8))  # would be a 1.6 GB matrix in fp32
+    assert big.shape == (1, 1, 20_000) and torch.isclose(big.sum(), torch.tensor(1.0))
 
 
 def test_rkv_official() -> None:
@@ -133,6 +136,21 @@ def test_rkv_official() -> None:
     redundancy = loop_rkv_official_redundancy(view.keys, 0.5)
     expected = 0.1 * importance - 0.9 * redundancy
     assert torch.allclose(policy.score(view), expected, atol=ATOL)
+
+
+def test_rkv_official_redundancy_across_row_chunks() -> None:
+    """n spans several 256-row chunks; the reference builds the whole matrix at once."""
+    from kvbench.policies.rkv_official import thresholded_redundancy
+
+    keys = torch.randn(2, 2, 700, 3)
+    unit = torch.nn.functional.normalize(keys, dim=-1)
+    cos = unit @ unit.transpose(-1, -2)
+    cos.diagonal(dim1=-2, dim2=-1).zero_()
+    similar = cos > 0.5
+    newest = torch.where(similar.any(-1), 699 - similar.flip(-1).int().argmax(-1), 0)
+    cos.scatter_(-1, newest.unsqueeze(-1), 0.0)
+    expected = (cos.sum(dim=2) / 700).softmax(-1)
+    assert torch.allclose(thresholded_redundancy(keys, 0.5), expected, atol=1e-6)
 
 
 def test_curdkv_uses_the_stored_projection() -> None:
