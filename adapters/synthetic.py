@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
 from kvbench.contract import ModelFacts, Policy
 from kvbench.engine import Evictor, LayerKV
 from kvbench.schedule import Schedule
 from kvbench.seeding import generator, stable_seed
-from torch import Tensor
 
 
 def rope_inv_freq(head_dim: int, base: float = 10000.0) -> Tensor:

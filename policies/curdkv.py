@@ -10,9 +10,10 @@ the rest of the sequence (contrast ``vase-dkv``, which redraws it at every event
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import gaussian_projection, leverage
-from torch import Tensor
 
 
 @policy("curdkv")

@@ -7,9 +7,10 @@ sanity check that value magnitude matters.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import value_range
-from torch import Tensor
 
 
 @policy("evict-range")

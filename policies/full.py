@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from kvbench.contract import EvictionView, Policy, policy
 from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, policy
 
 
 @policy("full")

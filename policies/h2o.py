@@ -10,8 +10,9 @@ the schedule's buffer plays the role of H2O's recent tokens for every policy ali
 
 from __future__ import annotations
 
-from kvbench.contract import EvictionView, Policy, StepView, policy
 from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, StepView, policy
 
 
 @policy("h2o", needs={"step_attention"})

@@ -10,8 +10,9 @@ Recorded choices: the reference code draws from an unseeded global generator; we
 
 from __future__ import annotations
 
-from kvbench.contract import EvictionView, Policy, policy
 from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, policy
 
 
 @policy("random")

@@ -11,9 +11,10 @@ W = 64.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import key_redundancy, window_attention
-from torch import Tensor
 
 
 @policy("rkv", needs={"queries"})

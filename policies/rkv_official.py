@@ -17,9 +17,10 @@ protected anyway).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import key_similarity_rows, window_attention
-from torch import Tensor
 
 
 def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:

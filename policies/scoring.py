@@ -12,8 +12,9 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from kvbench.contract import EvictionView
 from torch import Tensor
+
+from kvbench.contract import EvictionView
 
 Pool = Literal["avg5", "max7", "none"]
 GroupReduce = Literal["mean", "max"]

@@ -10,9 +10,10 @@ kernel 7 and a window of 32, both available as parameters.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import GroupReduce, Pool, window_attention
-from torch import Tensor
 
 
 @policy("snapkv", needs={"queries"})

@@ -6,8 +6,9 @@ use a protocol with ``sinks: 4`` protection, so that every policy compared with 
 
 from __future__ import annotations
 
-from kvbench.contract import EvictionView, Policy, policy
 from torch import Tensor
+
+from kvbench.contract import EvictionView, Policy, policy
 
 
 @policy("streaming")

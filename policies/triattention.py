@@ -25,9 +25,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
+from torch import Tensor
+
 from kvbench.calibration import QueryStats, complex_bands
 from kvbench.contract import EvictionView, Policy, policy
-from torch import Tensor
 
 
 @policy("triattention", needs={"rope", "calibration"})

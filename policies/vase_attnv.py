@@ -16,9 +16,10 @@ every draw is seeded.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import gumbel_topk, value_range, window_attention
-from torch import Tensor
 
 
 @policy("vase-attnv", needs={"queries"})

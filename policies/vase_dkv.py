@@ -7,9 +7,10 @@ Redrawing G averages the sketch's error out across events instead of freezing on
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import gaussian_projection, leverage
-from torch import Tensor
 
 
 @policy("vase-dkv")

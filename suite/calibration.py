@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from kvbench.errors import PrerequisiteError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+
+from kvbench.errors import PrerequisiteError
 
 FORMAT_VERSION = 1
 

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.errors import KvbenchError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from kvbench.errors import KvbenchError
 
 console = Console()
 errors = Console(stderr=True)
@@ -45,6 +46,7 @@ def _new_policy(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     import torch
+
     from kvbench.bench.evict import as_rows, bench_evict
     from kvbench.bench.machine import describe_machine
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
+
 from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy, StepView
 from kvbench.errors import CapabilityError, PolicyOutputError
 from kvbench.schedule import ProtectedPrefix, Schedule
 from kvbench.seeding import eviction_seed, generator
-from torch import Tensor
 
 
 @dataclass

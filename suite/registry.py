@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+
 from kvbench.contract import Policy, is_policy_class
 from kvbench.errors import SpecError, UnknownPolicyError
 

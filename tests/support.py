@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from kvbench.adapters.synthetic import SyntheticBackend, apply_rope, synthetic_model
 from kvbench.calibration import QueryStats
 from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy
 from kvbench.seeding import eviction_seed, generator
-from torch import Tensor
 
 ROW_SEEDS = (11, 22, 33, 44)
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.registry import known_policies, make_policy
 from kvbench.schedule import Schedule

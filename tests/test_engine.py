@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvbench.adapters.synthetic import synthetic_model
 from kvbench.registry import known_policies, make_policy
 from kvbench.schedule import Schedule

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.contract import EvictionView, Policy, policy
 from kvbench.engine import Evictor, LayerKV

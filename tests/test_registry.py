@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from kvbench.errors import SpecError, UnknownPolicyError
 from kvbench.registry import (
     find_policy,

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.utils.benchmark import Timer
+
 from kvbench.adapters.synthetic import apply_rope, rope_inv_freq
 from kvbench.calibration import QueryStats
 from kvbench.contract import ModelFacts
 from kvbench.engine import Evictor, LayerKV
 from kvbench.registry import known_policies, make_policy
 from kvbench.schedule import Schedule
-from torch.utils.benchmark import Timer
 
 
 @dataclass(frozen=True)
