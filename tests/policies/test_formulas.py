@@ -49,29 +49,30 @@ def cosine_matrix(k):
     )
 
 
-def loop_redundancy(keys):
+def per_head(keys, head_fn):
+    """Apply head_fn to each (row, KV head)'s cosine matrix with its diagonal zeroed."""
     batch, heads, n, _ = keys.shape
     out = torch.zeros(batch, heads, n)
     for b in range(batch):
         for h in range(heads):
             cos = cosine_matrix(keys[b, h])
             cos.fill_diagonal_(0)
-            out[b, h] = (cos.sum(dim=1) / n).softmax(0)
+            out[b, h] = head_fn(cos, n)
     return out
+
+
+def loop_redundancy(keys):
+    return per_head(keys, lambda cos, n: (cos.sum(dim=1) / n).softmax(0))
 
 
 def loop_rkv_official_redundancy(keys, threshold):
-    batch, heads, n, _ = keys.shape
-    out = torch.zeros(batch, heads, n)
-    for b in range(batch):
-        for h in range(heads):
-            cos = cosine_matrix(keys[b, h])
-            cos.fill_diagonal_(0)
-            for i in range(n):
-                similar = [j for j in range(n) if cos[i, j] > threshold]
-                cos[i, max(similar) if similar else 0] = 0
-            out[b, h] = (cos.sum(dim=0) / n).softmax(0)
-    return out
+    def head(cos, n):
+        for i in range(n):
+            similar = [j for j in range(n) if cos[i, j] > threshold]
+            cos[i, max(similar) if similar else 0] = 0
+        return (cos.sum(dim=0) / n).softmax(0)
+
+    return per_head(keys, head)
 
 
 def loop_leverage(x, g):
