@@ -1,0 +1,130 @@
+"""One layer's cache for a batch, in buffers with spare capacity so that appending never copies the past.
+
+Slots are kept in cache order in ``[B, Hkv, capacity, D]`` buffers; the first ``length`` slots are live.
+Appending writes in place while capacity lasts (growing geometrically when it does not), and a compacted
+copy is allocated with room for the next B tokens, so an evicting cache allocates once per event and its
+memory stays flat at K + B slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvbench.contract import LayerState
+
+
+class LayerKV:
+    """Keys, values and positions of one layer's slots, plus the policy's per-layer state."""
+
+    def __init__(
+        self,
+        keys: Tensor,
+        values: Tensor,
+        positions: Tensor,
+        state: LayerState | None = None,
+        *,
+        capacity: int | None = None,
+    ) -> None:
+        """keys, values [B, Hkv, S, D]; positions [B, Hkv, S] (int64 absolute positions)."""
+        self.length = keys.shape[2]
+        self.state = state if state is not None else LayerState()
+        self._keys, self._values, self._positions = keys, values, positions
+        if capacity is not None and capacity > self.length:
+            self.reserve(capacity)
+
+    @classmethod
+    def empty(
+        cls,
+        batch: int,
+        heads: int,
+        dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        capacity: int = 0,
+    ) -> LayerKV:
+        keys = torch.empty(batch, heads, 0, dim, dtype=dtype, device=device)
+        positions = torch.empty(batch, heads, 0, dtype=torch.long, device=device)
+        return cls(keys, keys.clone(), positions, capacity=capacity)
+
+    @property
+    def keys(self) -> Tensor:
+        """[B, Hkv, length, D] (a view of the buffer)."""
+        return self._keys[:, :, : self.length]
+
+    @property
+    def values(self) -> Tensor:
+        return self._values[:, :, : self.length]
+
+    @property
+    def positions(self) -> Tensor:
+        return self._positions[:, :, : self.length]
+
+    @property
+    def capacity(self) -> int:
+        return self._keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values (the KV memory this layer holds)."""
+        return self._keys.nbytes + self._values.nbytes
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` slots without changing the live ones."""
+        if capacity <= self.capacity:
+            return
+        self._keys = _grown(self._keys, capacity, self.length)
+        self._values = _grown(self._values, capacity, self.length)
+        self._positions = _grown(self._positions, capacity, self.length)
+
+    def append(self, keys: Tensor, values: Tensor, positions: Tensor) -> None:
+        """Append new slots ([B, Hkv, t, D] and [B, Hkv, t]) after the live ones."""
+        count = keys.shape[2]
+        end = self.length + count
+        if end > self.capacity:
+            self.reserve(max(end, 2 * self.capacity))
+        self._keys[:, :, self.length : end] = keys
+        self._values[:, :, self.length : end] = values
+        self._positions[:, :, self.length : end] = positions
+        self.length = end
+        self.state.append_slots(count)
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` (1-D int64 index)."""
+        self._keys = self._keys.index_select(0, rows)
+        self._values = self._values.index_select(0, rows)
+        self._positions = self._positions.index_select(0, rows)
+        self.state.select_rows(rows)
+
+    def compacted(self, index: Tensor, headroom: int = 0) -> LayerKV:
+        """A new LayerKV of the slots ``index`` [B, Hkv, S'], in order, with room for ``headroom`` more."""
+        # The headroom slots are filled with copies of the first kept slot: one gather allocates the buffer
+        # at its final size, and they are overwritten by the next appends before anyone reads them.
+        padded = torch.cat([index, index[:, :, :1].expand(-1, -1, headroom)], dim=-1) if headroom else index
+        new = LayerKV(
+            _select_slots(self._keys, padded),
+            _select_slots(self._values, padded),
+            torch.gather(self._positions, 2, padded),
+            self.state.gathered(index),
+        )
+        new.length = index.shape[-1]
+        return new
+
+
+def _grown(buffer: Tensor, capacity: int, live: int) -> Tensor:
+    bigger = buffer.new_empty((*buffer.shape[:2], capacity, *buffer.shape[3:]))
+    bigger[:, :, :live] = buffer[:, :, :live]
+    return bigger
+
+
+def _select_slots(x: Tensor, index: Tensor) -> Tensor:
+    """x [B, H, S, D] -> [B, H, S', D] at slot ``index`` [B, H, S'].
+
+    An index_select of whole D-rows of the flattened cache: on CPU about 12x faster than torch.gather
+    with an index expanded over D (measured with kvbench bench evict), since it copies contiguous rows.
+    """
+    batch, heads, slots, dim = x.shape
+    row_base = torch.arange(batch * heads, device=index.device).view(batch, heads, 1) * slots
+    rows = x.reshape(batch * heads * slots, dim).index_select(0, (index + row_base).reshape(-1))
+    return rows.view(batch, heads, index.shape[-1], dim)
