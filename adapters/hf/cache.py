@@ -1,0 +1,137 @@
+"""An evicting transformers Cache: per-layer slots in kvbench's LayerKV, evicted by the engine's schedule.
+
+transformers asks a cache three things: ``update`` (append this step's keys and values, return what to
+attend to), ``get_seq_length`` (how many tokens were seen: RoPE positions keep counting after eviction)
+and ``get_mask_sizes`` / ``get_query_offset`` (how many slots are stored, which sizes the causal mask of
+a multi-token forward). Getting the last two wrong raises nothing under sdpa; the tests compare against
+full-cache outputs to catch it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvbench.engine import Evictor
+from kvbench.layer_kv import LayerKV
+
+
+class EvictingLayer(CacheLayerMixin):
+    """One decoder layer's slots. The engine, not this class, decides what to evict."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.kv: LayerKV | None = None
+        self.seen = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        batch, heads, _, dim = key_states.shape
+        self.kv = LayerKV.empty(
+            batch, heads, dim, dtype=key_states.dtype, device=key_states.device, capacity=self.capacity
+        )
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        batch, heads, count, _ = key_states.shape
+        positions = torch.arange(self.seen, self.seen + count, device=key_states.device)
+        self.kv.append(key_states, value_states, positions.expand(batch, heads, count))
+        self.seen += count
+        return self.kv.keys, self.kv.values
+
+    @property
+    def stored(self) -> int:
+        return self.kv.length if self.kv is not None else 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.stored + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class EvictingCache(Cache):
+    """The cache of one batch of samples sharing a prompt, evicting with ``evictor`` after each forward.
+
+    Pass it to the model as ``cache=`` and as ``kvbench_cache=`` (the second reaches kvbench's attention
+    functions, which record the queries the policy needs).
+    """
+
+    def __init__(self, evictor: Evictor, *, capacity: int, query_window: int) -> None:
+        layers = evictor.model.num_layers
+        super().__init__(layers=[EvictingLayer(capacity) for _ in range(layers)])
+        self.evictor = evictor
+        self.query_window = query_window
+        self.queries: list[Tensor | None] = [None] * layers
+        self.observes_attention = "step_attention" in evictor.policy.needs
+        self.peak_bytes = 0
+
+    # -- called from the attention functions ------------------------------------------------------
+    def record_queries(self, layer: int, query: Tensor) -> None:
+        """Keep the layer's last W post-RoPE queries [B, Hq, W, D]."""
+        if self.query_window == 0:
+            return
+        previous = self.queries[layer]
+        recent = query if previous is None else torch.cat([previous, query], dim=2)
+        self.queries[layer] = recent[:, :, -self.query_window :]
+
+    def observe_attention(self, layer: int, probs: Tensor) -> None:
+        kv = self.layers[layer].kv
+        self.evictor.observe(layer, kv, probs, self.layers[layer].seen)
+
+    # -- called by the decode loop ----------------------------------------------------------------
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].stored
+
+    @property
+    def seen(self) -> int:
+        return self.layers[0].seen
+
+    @property
+    def stored(self) -> int:
+        return self.layers[0].stored
+
+    def kv_bytes(self) -> int:
+        return sum(layer.kv.nbytes for layer in self.layers if layer.kv is not None)
+
+    def evict_if_due(self) -> bool:
+        """Run one eviction event on every layer if the schedule says so; track peak KV memory."""
+        self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
+        if not self.evictor.due(self.stored):
+            return False
+        compacted = self.evictor.evict(
+            [layer.kv for layer in self.layers], step=self.seen, queries=self.queries
+        )
+        for layer, kv in zip(self.layers, compacted, strict=True):
+            layer.kv = kv
+        return True
+
+    def repeat_prompt_row(self, samples: int) -> None:
+        """After a one-row prefill, give each of the ``samples`` rows its own copy of the prompt's slots."""
+        self._take_rows([0] * samples)
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Keep only batch rows ``rows`` (the others finished); their eviction seeds stay theirs."""
+        self._take_rows(rows)
+        self.evictor.select_rows(rows)
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.select_rows(indices.tolist())
+
+    def _take_rows(self, rows: Sequence[int]) -> None:
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.layers[0].kv.keys.device)
+        for layer in self.layers:
+            layer.kv.select_rows(index)
+        self.queries = [q.index_select(0, index) if q is not None else None for q in self.queries]

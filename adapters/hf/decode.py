@@ -1,0 +1,220 @@
+"""kvbench's decode loop: the k samples of one prompt decode as one batch under one eviction policy.
+
+The prompt is prefilled once and its slots copied to the k rows. Every row samples with its own
+torch.Generator (seeded from its sample seed), so a row's tokens do not depend on the other rows; a row
+that emits a stop token or reaches ``max_new_tokens`` leaves the batch and the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from kvbench.adapters.hf.cache import EvictingCache
+from kvbench.adapters.hf.models import LoadedModel
+from kvbench.contract import Policy
+from kvbench.engine import Evictor
+from kvbench.errors import BudgetError
+from kvbench.schedule import ProtectedPrefix, Schedule
+from kvbench.seeding import generator
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-protocol sampling; temperature 0 means greedy (never for thinking models' benchmarks)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def processors(self) -> LogitsProcessorList:
+        steps = LogitsProcessorList()
+        if self.temperature > 0:
+            steps.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                steps.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                steps.append(TopPLogitsWarper(self.top_p))
+        return steps
+
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    evictions: int
+    """Eviction events that happened while this sample was decoding."""
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Generation:
+    samples: list[Sample]
+    prompt_tokens: int
+    eviction_events: int
+    eviction_seconds: float
+    decode_seconds: float
+    """Wall time of the decode steps (prefill excluded), evictions included."""
+    peak_kv_bytes: int
+    protected: ProtectedPrefix
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def make_cache(
+    loaded: LoadedModel,
+    policy: Policy,
+    schedule: Schedule,
+    *,
+    prompt_len: int,
+    row_seeds: Sequence[int],
+    total_tokens: int,
+    calibration: Any = None,
+    refuse_capped_prompt: bool = False,
+) -> EvictingCache:
+    """An evicting cache sized for ``total_tokens`` (prompt + output) under ``policy``."""
+    evictor = Evictor(
+        policy, schedule, loaded.facts, prompt_len=prompt_len, row_seeds=row_seeds, calibration=calibration
+    )
+    protected = evictor.stats.protected
+    if refuse_capped_prompt and policy.evicts and protected.capped:
+        raise BudgetError(
+            f"the budget K={schedule.budget} with buffer B={schedule.buffer} leaves room to protect "
+            f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
+            f"use a budget of at least {protected.requested + schedule.buffer + 1}"
+        )
+    evicting = policy.evicts and total_tokens > schedule.budget
+    capacity = (
+        max(schedule.budget + schedule.buffer, prompt_len + schedule.buffer) if evicting else total_tokens
+    )
+    window = max(policy.query_window, 1) if "queries" in policy.needs else 0
+    return EvictingCache(evictor, capacity=capacity, query_window=window)
+
+
+def sample_next(logits: Tensor, sampling: Sampling, generators: Sequence[torch.Generator]) -> Tensor:
+    """One next token per row: greedy, or sampled with each row's own generator."""
+    if sampling.temperature <= 0:
+        return logits.argmax(dim=-1)
+    scores = sampling.processors()(None, logits.float())
+    probs = scores.softmax(dim=-1)
+    return torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
+
+
+@torch.inference_mode()
+def generate(
+    loaded: LoadedModel,
+    prompt_ids: Sequence[int],
+    policy: Policy,
+    schedule: Schedule,
+    *,
+    sample_seeds: Sequence[int],
+    sampling: Sampling = Sampling(),
+    max_new_tokens: int = 256,
+    ignore_stop: bool = False,
+    calibration: Any = None,
+    refuse_capped_prompt: bool = False,
+    progress: bool = False,
+) -> Generation:
+    """Decode len(sample_seeds) samples of one prompt under ``policy``."""
+    model, device = loaded.model, loaded.device
+    k, prompt_len = len(sample_seeds), len(prompt_ids)
+    cache = make_cache(
+        loaded,
+        policy,
+        schedule,
+        prompt_len=prompt_len,
+        row_seeds=sample_seeds,
+        total_tokens=prompt_len + max_new_tokens,
+        calibration=calibration,
+        refuse_capped_prompt=refuse_capped_prompt,
+    )
+    stop = torch.tensor([] if ignore_stop else loaded.stop_ids(), dtype=torch.long, device=device)
+    generators = [generator(seed, device) for seed in sample_seeds]
+
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    logits = (
+        model(
+            input_ids=prompt,
+            position_ids=torch.arange(prompt_len, device=device)[None],
+            cache=cache,
+            kvbench_cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        .logits[:, -1]
+        .expand(k, -1)
+    )
+    cache.repeat_prompt_row(k)
+    cache.evict_if_due()
+
+    rows = list(range(k))  # original sample index of each live batch row
+    tokens: list[list[int]] = [[] for _ in range(k)]
+    finished: dict[int, Sample] = {}
+    started = time.perf_counter()
+    bar = _progress(progress, max_new_tokens)
+    for step in range(max_new_tokens):
+        next_tokens = sample_next(logits, sampling, [generators[r] for r in rows])
+        for row, token in zip(rows, next_tokens.tolist(), strict=True):
+            tokens[row].append(token)
+        stopped = torch.isin(next_tokens, stop)
+        last = step == max_new_tokens - 1
+        keep = [i for i, done in enumerate(stopped.tolist()) if not (done or last)]
+        for i, row in enumerate(rows):
+            if i not in keep:
+                reason = "stop" if bool(stopped[i]) else "length"
+                finished[row] = Sample(tokens[row], "", reason, cache.evictor.stats.events)
+        if not keep:
+            break
+        if len(keep) < len(rows):
+            cache.select_rows(keep)
+            rows = [rows[i] for i in keep]
+            next_tokens = next_tokens[keep]
+        position = torch.full((len(rows), 1), cache.seen, device=device)
+        logits = model(
+            input_ids=next_tokens[:, None],
+            position_ids=position,
+            cache=cache,
+            kvbench_cache=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        cache.evict_if_due()
+        if bar is not None:
+            bar.update(1)
+    decode_seconds = time.perf_counter() - started
+    if bar is not None:
+        bar.close()
+    samples = [finished[r] for r in range(k)]
+    for sample in samples:
+        sample.text = loaded.tokenizer.decode(sample.tokens, skip_special_tokens=True)
+    return Generation(
+        samples=samples,
+        prompt_tokens=prompt_len,
+        eviction_events=cache.evictor.stats.events,
+        eviction_seconds=cache.evictor.stats.seconds,
+        decode_seconds=decode_seconds,
+        peak_kv_bytes=cache.peak_bytes,
+        protected=cache.evictor.stats.protected,
+        settings={"sampling": sampling, "max_new_tokens": max_new_tokens, "ignore_stop": ignore_stop},
+    )
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decode", unit="tok", leave=False)
