@@ -8,7 +8,7 @@ that emits a stop token or reaches ``max_new_tokens`` leaves the batch and the o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from kvbench.adapters.hf.cache import EvictingCache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.contract import Policy
 from kvbench.engine import Evictor
-from kvbench.errors import BudgetError
+from kvbench.errors import BudgetError, CapabilityError
 from kvbench.schedule import ProtectedPrefix, Schedule
 from kvbench.seeding import generator
 
@@ -97,6 +97,13 @@ def make_cache(
             f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
             f"use a budget of at least {protected.requested + schedule.buffer + 1}"
         )
+    recorded = policy.needs & {"queries", "step_attention"}
+    if recorded and not str(loaded.model.config._attn_implementation).startswith("kvbench_"):
+        raise CapabilityError(
+            f"policy {policy.name!r} needs {', '.join(sorted(recorded))}, which only kvbench's attention "
+            f"functions record; the model runs {loaded.model.config._attn_implementation!r}: load it with "
+            "kvbench.adapters.hf.models.load_model"
+        )
     evicting = policy.evicts and total_tokens > schedule.budget
     capacity = (
         max(schedule.budget + schedule.buffer, prompt_len + schedule.buffer) if evicting else total_tokens
@@ -128,8 +135,12 @@ def generate(
     calibration: Any = None,
     refuse_capped_prompt: bool = False,
     progress: bool = False,
+    on_step: Callable[[EvictingCache], None] | None = None,
 ) -> Generation:
-    """Decode len(sample_seeds) samples of one prompt under ``policy``."""
+    """Decode len(sample_seeds) samples of one prompt under ``policy``.
+
+    ``on_step`` sees the cache after every decode step's eviction check (for tests and benchmarks).
+    """
     model, device = loaded.model, loaded.device
     k, prompt_len = len(sample_seeds), len(prompt_ids)
     cache = make_cache(
@@ -192,6 +203,8 @@ def generate(
             use_cache=True,
         ).logits[:, -1]
         cache.evict_if_due()
+        if on_step is not None:
+            on_step(cache)
         if bar is not None:
             bar.update(1)
     decode_seconds = time.perf_counter() - started

@@ -1,0 +1,142 @@
+"""Teacher forcing through the eviction path: score a given continuation under a policy.
+
+The prompt is prefilled, then the continuation is fed in chunks of at most B tokens per forward, each
+chunk cut where token-by-token decoding would evict (``Schedule.tokens_until_due``), so that the cache
+every token attends to is exactly the one decoding would have built — about B times fewer forwards.
+Optionally a full-cache stream runs in lockstep, for KL(full ‖ policy) and top-1 agreement per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvbench.adapters.hf.cache import EvictingCache
+from kvbench.adapters.hf.decode import make_cache
+from kvbench.adapters.hf.models import LoadedModel
+from kvbench.contract import Policy
+from kvbench.registry import make_policy
+from kvbench.schedule import Schedule
+
+
+@dataclass
+class TeacherForced:
+    logprobs: Tensor
+    """[k, T] log p(continuation[t] | prompt, continuation[:t]) under the policy, per row."""
+    greedy_match: Tensor
+    """[k, T] bool: the policy's argmax equals continuation[t]."""
+    kl_to_full: Tensor | None
+    """[k, T] KL(full ‖ policy) of the next-token distributions, when a reference was asked for."""
+    top1_agrees_with_full: Tensor | None
+    """[k, T] bool: the policy's argmax equals the full cache's."""
+    eviction_events: int
+    eviction_seconds: float
+    peak_kv_bytes: int
+
+
+class _Stream:
+    """One model state fed token chunks through one cache."""
+
+    def __init__(self, loaded: LoadedModel, cache: EvictingCache) -> None:
+        self.loaded, self.cache = loaded, cache
+
+    def feed(self, tokens: Tensor, *, last_only: bool = False) -> Tensor:
+        """Forward ``tokens`` [k, c]; return log-probabilities [k, c, V] (or [k, 1, V]) in fp32."""
+        start = self.cache.seen
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device).expand_as(tokens)
+        logits = self.loaded.model(
+            input_ids=tokens,
+            position_ids=positions,
+            cache=self.cache,
+            kvbench_cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        ).logits
+        return logits.float().log_softmax(dim=-1)
+
+
+@torch.inference_mode()
+def teacher_force(
+    loaded: LoadedModel,
+    prompt_ids: Sequence[int],
+    continuation_ids: Sequence[int],
+    policy: Policy,
+    schedule: Schedule,
+    *,
+    row_seeds: Sequence[int] = (0,),
+    calibration: Any = None,
+    chunk: int | None = None,
+    reference: bool = False,
+) -> TeacherForced:
+    """Score ``continuation_ids`` after ``prompt_ids`` for each row seed (rows differ in eviction draws).
+
+    ``chunk`` caps the tokens per forward (default B; 1 is token-by-token decoding).
+    """
+    device = loaded.device
+    k, total = len(row_seeds), len(prompt_ids) + len(continuation_ids)
+    cont = torch.tensor(list(continuation_ids), dtype=torch.long, device=device)
+    streams = [
+        _Stream(
+            loaded,
+            make_cache(
+                loaded,
+                policy,
+                schedule,
+                prompt_len=len(prompt_ids),
+                row_seeds=row_seeds,
+                total_tokens=total,
+                calibration=calibration,
+            ),
+        )
+    ]
+    if reference:
+        full = make_cache(
+            loaded,
+            make_policy("full"),
+            schedule,
+            prompt_len=len(prompt_ids),
+            row_seeds=row_seeds,
+            total_tokens=total,
+        )
+        streams.append(_Stream(loaded, full))
+
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    predictions = []
+    for stream in streams:
+        last = stream.feed(prompt, last_only=True).expand(k, -1, -1)
+        stream.cache.repeat_prompt_row(k)
+        stream.cache.evict_if_due()
+        predictions.append([last])
+
+    policy_cache = streams[0].cache
+    fed, limit = 0, chunk or schedule.buffer
+    while fed < len(cont) - 1:  # the last token is predicted, never fed
+        size = min(limit, len(cont) - 1 - fed)
+        if policy.evicts:
+            size = min(size, schedule.tokens_until_due(policy_cache.stored))
+        tokens = cont[fed : fed + size].expand(k, -1)
+        for stream, outputs in zip(streams, predictions, strict=True):
+            outputs.append(stream.feed(tokens))
+            stream.cache.evict_if_due()
+        fed += size
+
+    policy_logprobs = torch.cat(predictions[0], dim=1)  # [k, T, V]
+    targets = cont.expand(k, -1).unsqueeze(-1)
+    kl = agree = None
+    if reference:
+        full_logprobs = torch.cat(predictions[1], dim=1)
+        kl = (full_logprobs.exp() * (full_logprobs - policy_logprobs)).sum(dim=-1)
+        agree = full_logprobs.argmax(dim=-1) == policy_logprobs.argmax(dim=-1)
+    return TeacherForced(
+        logprobs=policy_logprobs.gather(-1, targets).squeeze(-1),
+        greedy_match=policy_logprobs.argmax(dim=-1) == cont,
+        kl_to_full=kl,
+        top1_agrees_with_full=agree,
+        eviction_events=policy_cache.evictor.stats.events,
+        eviction_seconds=policy_cache.evictor.stats.seconds,
+        peak_kv_bytes=policy_cache.peak_bytes,
+    )
