@@ -17,23 +17,9 @@ from torch import Tensor
 
 from kvbench.contract import ModelFacts, Policy
 from kvbench.engine import Evictor, LayerKV
+from kvbench.rope import apply_rope, rope_inv_freq
 from kvbench.schedule import Schedule
 from kvbench.seeding import generator, stable_seed
-
-
-def rope_inv_freq(head_dim: int, base: float = 10000.0) -> Tensor:
-    """ω_f = base^(−2f/D), f < D/2: the standard RoPE frequencies."""
-    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-
-
-def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotate-half RoPE: x [..., t, D] at positions [..., t]."""
-    angle = positions.unsqueeze(-1).double() * inv_freq.double()
-    cos = torch.cat([angle.cos(), angle.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angle.sin(), angle.sin()], dim=-1).to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 def synthetic_model(layers: int = 2, q_heads: int = 8, kv_heads: int = 2, head_dim: int = 16) -> ModelFacts:

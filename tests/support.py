@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.adapters.synthetic import SyntheticBackend, apply_rope, synthetic_model
+from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.calibration import QueryStats
 from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy
+from kvbench.rope import apply_rope
 from kvbench.seeding import eviction_seed, generator
 
 ROW_SEEDS = (11, 22, 33, 44)

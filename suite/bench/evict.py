@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.benchmark import Timer
 
-from kvbench.adapters.synthetic import apply_rope, rope_inv_freq
 from kvbench.calibration import QueryStats
 from kvbench.contract import ModelFacts
 from kvbench.engine import Evictor, LayerKV
 from kvbench.registry import known_policies, make_policy
+from kvbench.rope import apply_rope, rope_inv_freq
 from kvbench.schedule import Schedule
 
 

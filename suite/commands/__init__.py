@@ -1,0 +1,1 @@
+"""The subcommands of ``kvbench``; each module registers its own on the parser and stays thin."""

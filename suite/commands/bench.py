@@ -1,0 +1,117 @@
+"""``kvbench bench evict`` and ``kvbench bench decode``: measured side by side, reported as ratios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.commands.common import console, mib
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="benchmarks, side by side in one process")
+    kinds = bench.add_subparsers(dest="kind", required=True)
+
+    evict = kinds.add_parser("evict", help="ms per eviction event per policy at paper shapes")
+    evict.add_argument("--policy", action="append", help="policy to time (repeatable; default: all)")
+    evict.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    evict.add_argument("--budget", type=int, default=2048)
+    evict.add_argument("--buffer", type=int, default=64)
+    evict.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    evict.add_argument("--min-time", type=float, default=1.0, help="seconds of timing per policy and batch")
+    evict.add_argument("--json", help="also write the results and the machine to this file")
+    evict.set_defaults(func=bench_evict_command)
+
+    decode = kinds.add_parser("decode", help="decode tokens/s and KV memory per policy in a real model")
+    decode.add_argument("--model", default="smollm2-135m")
+    decode.add_argument("--policy", action="append", help="policy to run besides full (repeatable)")
+    decode.add_argument("--tokens", type=int, default=4096, help="generated tokens per policy (EOS ignored)")
+    decode.add_argument("--budget", type=int, default=512)
+    decode.add_argument("--buffer", type=int, default=64)
+    decode.add_argument("--json", help="also write the results and the machine to this file")
+    decode.set_defaults(func=bench_decode_command)
+
+
+def _machine_line(machine: dict) -> str:
+    return (
+        f"machine: {machine['cpu']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
+        f"({machine['torch_threads']} threads)"
+    )
+
+
+def _save(path: str | None, machine: dict, rows: list) -> None:
+    if path:
+        Path(path).write_text(
+            json.dumps({"machine": machine, "results": [asdict(r) for r in rows]}, indent=2)
+        )
+
+
+def bench_evict_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvbench.bench.evict import bench_evict
+    from kvbench.bench.machine import describe_machine
+
+    results = bench_evict(
+        args.policy or None,
+        batches=args.batch,
+        budget=args.budget,
+        buffer=args.buffer,
+        dtype=getattr(torch, args.dtype),
+        min_run_time=args.min_time,
+    )
+    table = Table(
+        title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {args.dtype}"
+    )
+    for column in ("policy", "batch", "ms / event", "× random", "runs"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for r in results:
+        table.add_row(
+            r.policy, str(r.batch), f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}", str(r.runs)
+        )
+    machine = describe_machine()
+    console.print(table)
+    console.print(_machine_line(machine))
+    _save(args.json, machine, results)
+    return 0
+
+
+def bench_decode_command(args: argparse.Namespace) -> int:
+    from kvbench.bench.decode import bench_decode
+    from kvbench.bench.machine import describe_machine
+
+    policies = args.policy or ["random", "streaming", "snapkv", "h2o", "vase-attnv"]
+    results = bench_decode(args.model, policies, tokens=args.tokens, budget=args.budget, buffer=args.buffer)
+    table = Table(title=f"{args.model}: {args.tokens} generated tokens, K={args.budget}, B={args.buffer}")
+    columns = (
+        "policy",
+        "tokens/s",
+        "× full",
+        "events",
+        "ms / event",
+        "time evicting",
+        "peak KV",
+        "KV × full",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for r in results:
+        table.add_row(
+            r.policy,
+            f"{r.tokens_per_second:.1f}",
+            f"{r.speed_vs_full:.2f}",
+            str(r.eviction_events),
+            f"{r.ms_per_event:.1f}",
+            f"{r.eviction_share:.1%}",
+            mib(r.peak_kv_bytes),
+            f"{r.memory_vs_full:.2f}",
+        )
+    machine = describe_machine()
+    console.print(table)
+    console.print(_machine_line(machine))
+    _save(args.json, machine, results)
+    return 0

@@ -1,0 +1,115 @@
+"""``kvbench generate`` and ``kvbench calibrate``: a policy acting inside a real model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.commands.common import add_schedule_arguments, console, mib, schedule_from
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    gen = commands.add_parser(
+        "generate", help="complete a prompt under an eviction policy; print its statistics"
+    )
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default="smollm2-135m")
+    gen.add_argument("--policy", default="random", help="NAME[:k=v,...] or path/file.py:Class[:k=v,...]")
+    add_schedule_arguments(gen)
+    gen.add_argument("--samples", type=int, default=1, help="samples of the prompt, decoded as one batch")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--calibration", type=Path, help="statistics file for policies that need calibration")
+    gen.set_defaults(func=generate_command)
+
+    cal = commands.add_parser("calibrate", help="query statistics for triattention, keyed by model")
+    cal.add_argument("--model", default="smollm2-135m")
+    cal.add_argument(
+        "--corpus", type=Path, help="calibration text (default: kvbench's own prose, no test set)"
+    )
+    cal.add_argument("--max-tokens", type=int, default=4096)
+    cal.add_argument("--out", type=Path, help="default: runs/calibration/MODEL.safetensors")
+    cal.set_defaults(func=calibrate_command)
+
+
+def load_calibration(policy, model: str, path: Path | None):
+    """The statistics a policy needs, or None when it needs none."""
+    if "calibration" not in policy.needs:
+        return None
+    from kvbench.calibration import QueryStats, default_path
+
+    return QueryStats.load(path or default_path(model), model=model)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from kvbench.adapters.hf.decode import Sampling, generate
+    from kvbench.adapters.hf.models import load_model
+    from kvbench.registry import make_policy
+    from kvbench.seeding import sample_seed
+
+    policy = make_policy(args.policy)
+    schedule = schedule_from(args)
+    loaded = load_model(args.model)
+    calibration = load_calibration(policy, loaded.spec.name, args.calibration)
+    seeds = [sample_seed(args.seed, "generate", args.prompt, i) for i in range(args.samples)]
+    result = generate(
+        loaded,
+        loaded.prompt_ids(args.prompt),
+        policy,
+        schedule,
+        sample_seeds=seeds,
+        sampling=Sampling(args.temperature, args.top_p, args.top_k),
+        max_new_tokens=args.max_new_tokens,
+        ignore_stop=args.ignore_eos,
+        calibration=calibration,
+        refuse_capped_prompt=True,
+        progress=True,
+    )
+    for i, sample in enumerate(result.samples):
+        console.rule(f"sample {i} ({sample.finish_reason}, {sample.generated} tokens)")
+        console.print(sample.text, markup=False, highlight=False)
+    table = Table(
+        title=f"{policy.name} on {loaded.spec.name}: K={schedule.budget}, B={schedule.buffer}, "
+        f"protection={schedule.protection}"
+    )
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    per_event = result.eviction_seconds / result.eviction_events * 1e3 if result.eviction_events else 0.0
+    rows = [
+        ("prompt tokens (protected)", f"{result.prompt_tokens} ({result.protected.count})"),
+        ("generated tokens", ", ".join(str(s.generated) for s in result.samples)),
+        ("eviction events", str(result.eviction_events)),
+        ("ms per event", f"{per_event:.2f}"),
+        (
+            "share of decode time evicting",
+            f"{result.eviction_seconds / max(result.decode_seconds, 1e-9):.1%}",
+        ),
+        (
+            "decode tokens/s",
+            f"{sum(s.generated for s in result.samples) / max(result.decode_seconds, 1e-9):.1f}",
+        ),
+        ("peak KV cache", mib(result.peak_kv_bytes)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    return 0
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from kvbench.adapters.hf.calibrate import calibrate
+    from kvbench.adapters.hf.models import load_model
+    from kvbench.calibration import default_path
+
+    loaded = load_model(args.model)
+    stats = calibrate(loaded, args.corpus, max_tokens=args.max_tokens)
+    out = args.out or default_path(loaded.spec.name)
+    stats.save(out)
+    console.print(f"wrote {out}: {stats.tokens} tokens of {stats.corpus}, {stats.mean.shape[0]} layers")
+    return 0

@@ -1,0 +1,49 @@
+"""``kvbench list`` and ``kvbench new-policy``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    listing = commands.add_parser("list", help="list registered policies or models")
+    listing.add_argument("what", choices=["policies", "models"])
+    listing.set_defaults(func=list_things)
+
+    new = commands.add_parser("new-policy", help="write a commented, working scorer template")
+    new.add_argument("name")
+    new.add_argument("--dir", help="folder to write into (default: the policies/ folder of kvbench)")
+    new.set_defaults(func=new_policy)
+
+
+def list_things(args: argparse.Namespace) -> int:
+    if args.what == "policies":
+        from kvbench.registry import known_policies
+
+        for name, cls in known_policies().items():
+            needs = f"  [needs: {', '.join(sorted(cls.needs))}]" if cls.needs else ""
+            print(f"{name}\t{cls.description}{needs}")
+    else:
+        from kvbench.model_spec import load_model_spec, model_names
+
+        for name in model_names():
+            spec = load_model_spec(name)
+            print(f"{name}\t{spec.family}\t{spec.source.kind}\t{spec.description.split('.')[0]}")
+    return 0
+
+
+def new_policy(args: argparse.Namespace) -> int:
+    import kvbench.policies
+    from kvbench.errors import SpecError
+    from kvbench.registry import known_policies
+    from kvbench.scaffold import class_name, write_template
+
+    if args.name in known_policies():
+        raise SpecError(f"a policy named {args.name!r} exists already; choose another name")
+    package_dir = Path(kvbench.policies.__path__[0])
+    folder = Path(args.dir) if args.dir else package_dir
+    path = write_template(args.name, folder)
+    use = args.name if folder.resolve() == package_dir.resolve() else f"{path}:{class_name(args.name)}"
+    print(f"wrote {path}\nedit its score(); select it with --policy {use}")
+    return 0
