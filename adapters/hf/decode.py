@@ -132,6 +132,7 @@ def generate(
     sampling: Sampling = Sampling(),
     max_new_tokens: int = 256,
     ignore_stop: bool = False,
+    stop_ids: Sequence[int] | None = None,
     calibration: Any = None,
     refuse_capped_prompt: bool = False,
     progress: bool = False,
@@ -139,6 +140,7 @@ def generate(
 ) -> Generation:
     """Decode len(sample_seeds) samples of one prompt under ``policy``.
 
+    ``stop_ids`` overrides the model's stop tokens; ``ignore_stop`` decodes ``max_new_tokens`` regardless.
     ``on_step`` sees the cache after every decode step's eviction check (for tests and benchmarks).
     """
     model, device = loaded.model, loaded.device
@@ -153,7 +155,8 @@ def generate(
         calibration=calibration,
         refuse_capped_prompt=refuse_capped_prompt,
     )
-    stop = torch.tensor([] if ignore_stop else loaded.stop_ids(), dtype=torch.long, device=device)
+    stop_ids = [] if ignore_stop else list(stop_ids) if stop_ids is not None else loaded.stop_ids()
+    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
     generators = [generator(seed, device) for seed in sample_seeds]
 
     prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)

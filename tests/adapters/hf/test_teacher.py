@@ -1,0 +1,71 @@
+"""Teacher forcing in B-token chunks equals token-by-token decoding, through the same eviction path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.adapters.hf.decode import generate
+from kvbench.adapters.hf.models import LoadedModel
+from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.registry import make_policy
+from kvbench.schedule import Schedule
+from support import make_calibration
+
+SCHEDULE = Schedule(budget=64, buffer=16)
+
+
+def _continuation(length: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("name", ["random", "snapkv", "h2o", "vase-attnv", "rkv", "triattention", "full"])
+def test_chunks_equal_token_by_token(tiny: LoadedModel, name: str) -> None:
+    prompt, cont = tiny.prompt_ids("teacher forcing"), _continuation(300)
+    policy, calibration = make_policy(name), make_calibration(tiny.facts)
+    chunked = teacher_force(tiny, prompt, cont, policy, SCHEDULE, row_seeds=[3, 4], calibration=calibration)
+    stepwise = teacher_force(
+        tiny, prompt, cont, policy, SCHEDULE, row_seeds=[3, 4], calibration=calibration, chunk=1
+    )
+    fed = len(prompt) + len(cont) - 1  # the last token is only predicted
+    expected_events = 0 if name == "full" else (fed - SCHEDULE.budget) // SCHEDULE.buffer
+    assert chunked.eviction_events == stepwise.eviction_events == expected_events
+    assert torch.allclose(chunked.logprobs, stepwise.logprobs, atol=1e-4, rtol=0)
+    assert chunked.logprobs.shape == (2, 300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["random", "h2o"])
+def test_chunks_equal_token_by_token_smollm2(smol: LoadedModel, name: str) -> None:
+    prompt, cont = smol.prompt_ids("Count slowly."), smol.tokenizer(" one two three four" * 60)["input_ids"]
+    schedule = Schedule(budget=96, buffer=32)
+    chunked = teacher_force(smol, prompt, cont, make_policy(name), schedule, row_seeds=[1])
+    stepwise = teacher_force(smol, prompt, cont, make_policy(name), schedule, row_seeds=[1], chunk=1)
+    assert chunked.eviction_events == stepwise.eviction_events > 2
+    assert torch.allclose(chunked.logprobs, stepwise.logprobs, atol=1e-4, rtol=0)
+
+
+def test_teacher_forcing_a_greedy_output_reproduces_it(tiny: LoadedModel) -> None:
+    """Decode and teacher forcing share the eviction path: same seed, same events, same argmax."""
+    prompt = tiny.prompt_ids("same path")
+    decoded = generate(
+        tiny, prompt, make_policy("random"), SCHEDULE, sample_seeds=[9], max_new_tokens=250, ignore_stop=True
+    )
+    tokens = decoded.samples[0].tokens
+    forced = teacher_force(tiny, prompt, tokens, make_policy("random"), SCHEDULE, row_seeds=[9])
+    assert forced.greedy_match.all()
+    assert forced.eviction_events == decoded.eviction_events > 5
+
+
+def test_reference_distribution_kl_and_top1(tiny: LoadedModel) -> None:
+    prompt, cont = tiny.prompt_ids("reference"), _continuation(200, seed=1)
+    same = teacher_force(tiny, prompt, cont, make_policy("full"), SCHEDULE, reference=True)
+    assert same.kl_to_full.abs().max() < 1e-5 and same.top1_agrees_with_full.all()
+    evicted = teacher_force(
+        tiny, prompt, cont, make_policy("random"), SCHEDULE, row_seeds=[0, 1], reference=True
+    )
+    assert evicted.kl_to_full.shape == (2, 200)
+    assert (evicted.kl_to_full >= -1e-6).all()
+    before_first_event = 64 + 16 - len(prompt)
+    assert evicted.kl_to_full[:, :before_first_event].abs().max() < 1e-5  # identical caches until then
+    assert evicted.kl_to_full[:, before_first_event:].mean() > 0.01
