@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +61,7 @@ def test_hub_loading_code_reads_a_local_checkpoint_in_hub_format(tiny: LoadedMod
 
 
 def test_a_hub_model_offline_fails_with_a_clear_error() -> None:
-    started = time.perf_counter()
+    """The real hub path, without network: a clear error, not a traceback (huggingface_hub retries ~45 s)."""
     with pytest.raises(PrerequisiteError) as caught:
         load_model("qwen3-4b")
     message = str(caught.value)
@@ -71,7 +70,6 @@ def test_a_hub_model_offline_fails_with_a_clear_error() -> None:
         "huggingface-cli download Qwen/Qwen3-4B --revision 1cfa9a7208912126459214e8b04321603b3df60c"
         in message
     )
-    assert time.perf_counter() - started < 120  # no endless retries
 
 
 def test_unknown_model_lists_the_known_ones() -> None:

@@ -1,0 +1,51 @@
+"""Malformed spec files fail with the file, the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import SpecError
+from kvbench.model_spec import load_model_spec, model_names
+
+GOOD = (
+    "spec_version: 1\nname: m\ndescription: d\nfamily: qwen3\ndtype: bfloat16\n"
+    "source:\n  kind: hub\n  repo: a/b\n"
+)
+
+
+def test_every_builtin_model_spec_validates() -> None:
+    assert {"smollm2-135m", "tiny-qwen3", "qwen3-4b", "qwen3-14b", "qwen3-32b", "phi-4-reasoning"} <= set(
+        model_names()
+    )
+    for name in model_names():
+        assert load_model_spec(name).name == name
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GOOD.replace("family: qwen3\n", ""), r"field `family`: Field required \(add this field\)"),
+        (GOOD + "temperature: 0.6\n", r"field `temperature`: Extra inputs are not permitted \(remove it"),
+        (
+            GOOD.replace("family: qwen3", "family: qwen4"),
+            r"field `family`: Input should be 'qwen3', 'phi4-reasoning'",
+        ),
+        (GOOD.replace("kind: hub", "kind: ftp"), r"field `source`: .*'gguf-package', 'hub', 'random-qwen3'"),
+        (GOOD.replace("  repo: a/b\n", ""), r"field `source.hub.repo`: Field required"),
+        ("name: [unclosed\n", r"not valid YAML at line 2, column 1: expected .,. or .\]."),
+        ("- a\n- b\n", r"expected a mapping of fields at the top level, found list"),
+    ],
+)
+def test_malformed_model_spec_names_file_field_and_fix(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=expected) as caught:
+        load_model_spec(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"model spec file .*nope.yaml does not exist"):
+        load_model_spec(tmp_path / "nope.yaml")
