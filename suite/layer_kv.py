@@ -67,8 +67,9 @@ class LayerKV:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for keys and values (the KV memory this layer holds)."""
-        return self._keys.nbytes + self._values.nbytes
+        """Bytes of the live keys and values (independent of how much spare capacity is allocated)."""
+        per_slot = (self._keys.nbytes + self._values.nbytes) // max(self.capacity, 1)
+        return per_slot * self.length
 
     def reserve(self, capacity: int) -> None:
         """Make room for ``capacity`` slots without changing the live ones."""

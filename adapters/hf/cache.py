@@ -10,13 +10,17 @@ full-cache outputs to catch it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.engine import Evictor
+from kvbench.contract import Policy
+from kvbench.engine import Evictor, PinnedSlots
+from kvbench.errors import BudgetError, CapabilityError
 from kvbench.layer_kv import LayerKV
+from kvbench.schedule import Schedule
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -135,3 +139,49 @@ class EvictingCache(Cache):
         for layer in self.layers:
             layer.kv.select_rows(index)
         self.queries = [q.index_select(0, index) if q is not None else None for q in self.queries]
+
+
+def make_cache(
+    loaded: Any,
+    policy: Policy,
+    schedule: Schedule,
+    *,
+    prompt_len: int,
+    row_seeds: Sequence[int],
+    total_tokens: int,
+    calibration: Any = None,
+    refuse_capped_prompt: bool = False,
+    pinned: PinnedSlots | None = None,
+) -> EvictingCache:
+    """An evicting cache sized for ``total_tokens`` (prompt + output) under ``policy``."""
+    evictor = Evictor(
+        policy,
+        schedule,
+        loaded.facts,
+        prompt_len=prompt_len,
+        row_seeds=row_seeds,
+        calibration=calibration,
+        pinned=pinned,
+    )
+    protected = evictor.stats.protected
+    if refuse_capped_prompt and policy.evicts and protected.capped:
+        raise BudgetError(
+            f"the budget K={schedule.budget} with buffer B={schedule.buffer} leaves room to protect "
+            f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
+            f"use a budget of at least {protected.requested + schedule.buffer + 1}"
+        )
+    recorded = policy.needs & {"queries", "step_attention"}
+    if recorded and not str(loaded.model.config._attn_implementation).startswith("kvbench_"):
+        raise CapabilityError(
+            f"policy {policy.name!r} needs {', '.join(sorted(recorded))}, which only kvbench's attention "
+            f"functions record; the model runs {loaded.model.config._attn_implementation!r}: load it with "
+            "kvbench.adapters.hf.models.load_model"
+        )
+    # An evicting cache never holds more than K + B slots (or the prompt and B more). A full one grows
+    # geometrically past its first 4096 tokens rather than reserve a whole 32k-token reasoning trace.
+    if policy.evicts and total_tokens > schedule.budget:
+        capacity = max(schedule.budget + schedule.buffer, prompt_len + schedule.buffer)
+    else:
+        capacity = min(total_tokens, prompt_len + 4096)
+    window = max(policy.query_window, 1) if "queries" in policy.needs else 0
+    return EvictingCache(evictor, capacity=capacity, query_window=window)

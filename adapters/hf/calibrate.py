@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.adapters.hf.decode import make_cache
+from kvbench.adapters.hf.cache import make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.calibration import QueryStats
 from kvbench.registry import make_policy

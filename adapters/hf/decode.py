@@ -21,11 +21,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from kvbench.adapters.hf.cache import EvictingCache
+from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.contract import Policy
-from kvbench.engine import Evictor
-from kvbench.errors import BudgetError, CapabilityError
 from kvbench.schedule import ProtectedPrefix, Schedule
 from kvbench.seeding import generator
 
@@ -73,43 +71,6 @@ class Generation:
     peak_kv_bytes: int
     protected: ProtectedPrefix
     settings: dict[str, Any] = field(default_factory=dict)
-
-
-def make_cache(
-    loaded: LoadedModel,
-    policy: Policy,
-    schedule: Schedule,
-    *,
-    prompt_len: int,
-    row_seeds: Sequence[int],
-    total_tokens: int,
-    calibration: Any = None,
-    refuse_capped_prompt: bool = False,
-) -> EvictingCache:
-    """An evicting cache sized for ``total_tokens`` (prompt + output) under ``policy``."""
-    evictor = Evictor(
-        policy, schedule, loaded.facts, prompt_len=prompt_len, row_seeds=row_seeds, calibration=calibration
-    )
-    protected = evictor.stats.protected
-    if refuse_capped_prompt and policy.evicts and protected.capped:
-        raise BudgetError(
-            f"the budget K={schedule.budget} with buffer B={schedule.buffer} leaves room to protect "
-            f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
-            f"use a budget of at least {protected.requested + schedule.buffer + 1}"
-        )
-    recorded = policy.needs & {"queries", "step_attention"}
-    if recorded and not str(loaded.model.config._attn_implementation).startswith("kvbench_"):
-        raise CapabilityError(
-            f"policy {policy.name!r} needs {', '.join(sorted(recorded))}, which only kvbench's attention "
-            f"functions record; the model runs {loaded.model.config._attn_implementation!r}: load it with "
-            "kvbench.adapters.hf.models.load_model"
-        )
-    evicting = policy.evicts and total_tokens > schedule.budget
-    capacity = (
-        max(schedule.budget + schedule.buffer, prompt_len + schedule.buffer) if evicting else total_tokens
-    )
-    window = max(policy.query_window, 1) if "queries" in policy.needs else 0
-    return EvictingCache(evictor, capacity=capacity, query_window=window)
 
 
 def sample_next(logits: Tensor, sampling: Sampling, generators: Sequence[torch.Generator]) -> Tensor:

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kvbench.adapters.hf.cache import EvictingCache
-from kvbench.adapters.hf.decode import make_cache
+from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.contract import Policy
+from kvbench.engine import PinnedSlots
 from kvbench.registry import make_policy
 from kvbench.schedule import Schedule
 
@@ -71,6 +71,8 @@ def teacher_force(
     calibration: Any = None,
     chunk: int | None = None,
     reference: bool = False,
+    refuse_capped_prompt: bool = False,
+    pinned: PinnedSlots | None = None,
 ) -> TeacherForced:
     """Score ``continuation_ids`` after ``prompt_ids`` for each row seed (rows differ in eviction draws).
 
@@ -79,20 +81,18 @@ def teacher_force(
     device = loaded.device
     k, total = len(row_seeds), len(prompt_ids) + len(continuation_ids)
     cont = torch.tensor(list(continuation_ids), dtype=torch.long, device=device)
-    streams = [
-        _Stream(
-            loaded,
-            make_cache(
-                loaded,
-                policy,
-                schedule,
-                prompt_len=len(prompt_ids),
-                row_seeds=row_seeds,
-                total_tokens=total,
-                calibration=calibration,
-            ),
-        )
-    ]
+    cache = make_cache(
+        loaded,
+        policy,
+        schedule,
+        prompt_len=len(prompt_ids),
+        row_seeds=row_seeds,
+        total_tokens=total,
+        calibration=calibration,
+        refuse_capped_prompt=refuse_capped_prompt,
+        pinned=pinned,
+    )
+    streams = [_Stream(loaded, cache)]
     if reference:
         full = make_cache(
             loaded,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 
 from kvbench.schedule import Schedule
 
-console = Console()
+# Piped output is not wrapped at 80 columns: tables stay readable in logs and CI.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, budget: int | None = None) -> None:

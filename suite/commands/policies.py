@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    listing = commands.add_parser("list", help="list registered policies or models")
-    listing.add_argument("what", choices=["policies", "models"])
+    listing = commands.add_parser("list", help="list policies, tasks, protocols, suites or models")
+    listing.add_argument("what", choices=["policies", "tasks", "protocols", "suites", "models"])
     listing.set_defaults(func=list_things)
 
     new = commands.add_parser("new-policy", help="write a commented, working scorer template")
@@ -24,12 +24,24 @@ def list_things(args: argparse.Namespace) -> int:
         for name, cls in known_policies().items():
             needs = f"  [needs: {', '.join(sorted(cls.needs))}]" if cls.needs else ""
             print(f"{name}\t{cls.description}{needs}")
-    else:
+    elif args.what == "models":
         from kvbench.model_spec import load_model_spec, model_names
 
         for name in model_names():
             spec = load_model_spec(name)
             print(f"{name}\t{spec.family}\t{spec.source.kind}\t{spec.description.split('.')[0]}")
+    else:
+        from kvbench.protocol_spec import load_protocol, protocol_names
+        from kvbench.suite_spec import load_suite, suite_names
+        from kvbench.task_spec import load_task, task_names
+
+        names, load = {
+            "tasks": (task_names, load_task),
+            "protocols": (protocol_names, load_protocol),
+            "suites": (suite_names, load_suite),
+        }[args.what]
+        for name in names():
+            print(f"{name}\t{' '.join(load(name).description.split())}")
     return 0
 
 

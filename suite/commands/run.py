@@ -1,0 +1,129 @@
+"""``kvbench run``, ``kvbench validate`` and ``kvbench ingest``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.commands.common import console
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    run = commands.add_parser("run", help="run a suite: policies against the Random Attention null and full")
+    run.add_argument("--policy", action="append", default=[], help="policy under test (repeatable)")
+    run.add_argument("--protocol", help="protocol name or YAML path (default: the suite's)")
+    run.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
+    run.add_argument("--task", action="append", default=[], help="task name or YAML path (repeatable)")
+    run.add_argument("--model", action="append", default=[], help="model name or YAML path (repeatable)")
+    budget = run.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=int, help="a fixed K for every task")
+    budget.add_argument("--ratio", type=float, help="K = N_avg / ratio (default: the protocol's)")
+    run.add_argument("--samples", type=int, help="samples per problem (default: the task's)")
+    run.add_argument("--limit", type=int, help="at most this many problems per task")
+    run.add_argument("--seed", type=int, help="the protocol seed (default: the protocol's)")
+    run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    run.add_argument("--adapter", choices=["hf"], default="hf", help="backend (hf: transformers)")
+    run.add_argument("--device", default="cpu")
+    run.add_argument("--no-baselines", action="store_true", help="skip the null and full-cache arms")
+    run.add_argument("--json", type=Path, help="also write the final table to this file")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=run_command)
+
+    validate = commands.add_parser("validate", help="check specs without running them")
+    validate.add_argument(
+        "path", nargs="?", type=Path, help="a YAML file or folder (default: every built-in spec)"
+    )
+    validate.set_defaults(func=validate_command)
+
+    ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
+    ingest.add_argument("--out", type=Path, default=Path("runs"))
+    ingest.set_defaults(func=ingest_command)
+
+
+def _estimate(e, signed: bool = False) -> str:
+    if e is None:
+        return "—"
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    return f"{fmt.format(e.value)} [{fmt.format(e.low)}, {fmt.format(e.high)}]"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from kvbench.runner.execute import run_cells
+    from kvbench.runner.ingest import ingest
+    from kvbench.runner.plan import RunRequest, plan
+    from kvbench.runner.report import as_dicts, build_report
+
+    started = time.perf_counter()
+    request = RunRequest(
+        suite=args.suite,
+        policies=tuple(args.policy),
+        protocol=args.protocol,
+        tasks=tuple(args.task),
+        models=tuple(args.model),
+        budget=args.budget,
+        ratio=args.ratio,
+        samples=args.samples,
+        limit=args.limit,
+        seed=args.seed,
+        baselines=not args.no_baselines,
+    )
+    cells = plan(request)
+    timings = run_cells(cells, args.out, device=args.device, progress=not args.quiet)
+    ingest_started = time.perf_counter()
+    report = ingest(args.out)
+    timings.ingest = time.perf_counter() - ingest_started
+    rows = build_report(cells, report.database)
+    for model, task in dict.fromkeys((r.model, r.task) for r in rows):
+        group = [r for r in rows if (r.model, r.task) == (model, task)]
+        table = Table(title=f"{task} on {model} ({group[0].metric}, higher is better; 95% CI over problems)")
+        for column in ("policy", "K", "K/N_avg", "score", "Δ vs null", "Δ vs full", "problems × samples"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for r in group:
+            name = {"null": f"{r.policy} (null)", "reference": f"{r.policy} (reference)"}.get(
+                r.role, r.policy
+            )
+            budget = "—" if r.role == "reference" else str(r.budget)
+            ratio = "—" if r.role == "reference" else f"{r.k_over_n_avg:.2f}"
+            table.add_row(
+                name,
+                budget,
+                ratio,
+                _estimate(r.score),
+                _estimate(r.vs_null, True),
+                _estimate(r.vs_full, True),
+                f"{r.problems} × {r.samples}",
+            )
+        console.print(table)
+    wall = time.perf_counter() - started
+    console.print(
+        f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "
+        f"{timings.model_load:.1f} s, calibration {timings.calibration:.1f} s, units {timings.units:.1f} s, "
+        f"ingest {timings.ingest:.1f} s)"
+    )
+    console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
+        )
+    return 0
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from kvbench.validate import validate_paths
+
+    checked = validate_paths(args.path)
+    for kind, name in checked:
+        print(f"ok\t{kind}\t{name}")
+    return 0
+
+
+def ingest_command(args: argparse.Namespace) -> int:
+    from kvbench.runner.ingest import ingest
+
+    report = ingest(args.out)
+    print(f"ingested {report.files} new shard files from {report.runs} runs into {report.database}")
+    return 0

@@ -1,0 +1,1 @@
+"""Synthetic probes (passkey, planted-fact, fidelity): seeded generators, no downloads, no test set."""

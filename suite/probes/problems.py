@@ -1,0 +1,78 @@
+"""Probe problems: a chat stub, then a continuation that is teacher-forced through the decode path.
+
+The continuation is a sequence of pieces (filler, needle, query, answer); each is tokenised on its own
+and the token ids concatenated, so the answer's token positions are exact. The answer is scored by the
+policy's greedy match and summed log-probability; fidelity scores every token against the full cache.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from kvbench.probes.filler import filler_tokens
+from kvbench.seeding import stable_seed
+
+Role = Literal["filler", "needle", "query", "answer"]
+STUB = "Think through a long calculation. Along the way you will be given details to remember."
+PASSKEY_NEEDLE = " IMPORTANT: the passcode is {value}. Remember it."
+PASSKEY_QUERY = " What was the passcode again? The passcode is"
+FACT_NEEDLE = " Let {var} = {value}."
+FACT_QUERY = " Wait — I need the stored constants now. {var} ="
+VARIABLES = ("alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta")
+
+
+@dataclass(frozen=True)
+class Piece:
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True)
+class ProbeProblem:
+    problem_id: str
+    stub: str
+    pieces: tuple[Piece, ...]
+
+    def token_pieces(self, encode: Callable[[str], list[int]]) -> list[tuple[Role, list[int]]]:
+        return [(piece.role, encode(piece.text)) for piece in self.pieces]
+
+
+def needle_problem(
+    kind: Literal["passkey", "planted-fact"],
+    index: int,
+    *,
+    seed: int,
+    length: int,
+    depth: int,
+    count_tokens: Callable[[str], int],
+) -> ProbeProblem:
+    """A needle ``depth`` filler tokens before its query, in a trace of about ``length`` tokens."""
+    rng = random.Random(stable_seed("probe", kind, seed, index))
+    if kind == "passkey":
+        value = str(rng.randint(10000, 99999))
+        needle, query = PASSKEY_NEEDLE.format(value=value), PASSKEY_QUERY
+    else:
+        var, value = rng.choice(VARIABLES), str(rng.randint(1000, 9999))
+        needle, query = FACT_NEEDLE.format(var=var, value=value), FACT_QUERY.format(var=var)
+    before = max(length - depth - count_tokens(needle) - count_tokens(query) - 4, 8)
+    pieces = (
+        Piece("filler", filler_tokens(rng, count_tokens, before)),
+        Piece("needle", needle),
+        Piece("filler", filler_tokens(rng, count_tokens, depth)),
+        Piece("query", query),
+        Piece("answer", " " + value),
+    )
+    return ProbeProblem(f"{kind}-{seed}-{index}", STUB, pieces)
+
+
+def fidelity_problem(
+    index: int, *, seed: int, length: int, count_tokens: Callable[[str], int]
+) -> ProbeProblem:
+    """A reasoning-like trace of about ``length`` tokens, every token scored against the full cache."""
+    rng = random.Random(stable_seed("probe", "fidelity", seed, index))
+    return ProbeProblem(
+        f"fidelity-{seed}-{index}", STUB, (Piece("filler", filler_tokens(rng, count_tokens, length)),)
+    )

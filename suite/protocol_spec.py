@@ -1,0 +1,77 @@
+"""Protocol specs (suite/protocols/*.yaml): everything a policy and the null must share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+
+from kvbench.model_spec import Family
+from kvbench.schedule import Schedule
+from kvbench.specs import StrictSpec, find_spec_file, load_spec, spec_names
+
+
+class SamplingSpec(StrictSpec):
+    temperature: float = pydantic.Field(ge=0.0)
+    """0 = greedy (never for thinking models' benchmarks)."""
+    top_p: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = pydantic.Field(default=0, ge=0)
+    """0 = off."""
+
+
+class BudgetRule(StrictSpec):
+    """K = N_avg / ratio rounded to a multiple of the buffer (at least one buffer above it), or a fixed K."""
+
+    ratio: float | None = pydantic.Field(default=None, gt=1.0)
+    fixed: int | None = pydantic.Field(default=None, gt=0)
+
+    @pydantic.model_validator(mode="after")
+    def _one_of(self) -> BudgetRule:
+        if (self.ratio is None) == (self.fixed is None):
+            raise ValueError("give exactly one of `ratio` (K = N_avg/ratio) or `fixed` (K in tokens)")
+        return self
+
+    def budget(self, n_avg: float, buffer: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        rounded = round(n_avg / self.ratio / buffer) * buffer
+        return max(rounded, 2 * buffer)
+
+
+class ProtocolSpec(StrictSpec):
+    spec_version: Literal[1] = 1
+    name: str
+    description: str
+    protection: Literal["prompt", "sinks", "none"]
+    sinks: int = pydantic.Field(default=4, ge=0)
+    """Protected leading tokens when ``protection: sinks``."""
+    budget: BudgetRule
+    buffer: int = pydantic.Field(default=64, ge=1)
+    order: Literal["chronological", "score"] = "chronological"
+    sampling: dict[Family, SamplingSpec]
+    """Sampling per model family; every family a run uses must be listed."""
+    seed: int = 0
+    baseline: str = "random"
+    """The null baseline every policy is compared with (Random Attention)."""
+    reference: str = "full"
+    """The no-eviction reference."""
+
+    def schedule(self, budget: int, *, from_ratio: bool) -> Schedule:
+        """The schedule at budget K; a K derived from a ratio must be a multiple of the buffer."""
+        return Schedule(
+            budget=budget,
+            buffer=self.buffer,
+            protection=self.protection,
+            sinks=self.sinks,
+            order=self.order,
+            budget_multiple_of_buffer=from_ratio,
+        )
+
+
+def protocol_names() -> list[str]:
+    return spec_names("protocols")
+
+
+def load_protocol(name_or_path: str | Path) -> ProtocolSpec:
+    return load_spec(find_spec_file("protocol", "protocols", str(name_or_path)), ProtocolSpec)

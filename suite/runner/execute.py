@@ -1,0 +1,102 @@
+"""Running cells: load each model once, check every cell before the first token, skip stored problems."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvbench.calibration import QueryStats
+from kvbench.errors import BudgetError
+from kvbench.runner.plan import Cell
+from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
+from kvbench.runner.store import ShardStore, provenance
+from kvbench.seeding import sample_seed
+
+
+@dataclass
+class Timings:
+    """Where the wall time of a run went (seconds)."""
+
+    model_load: float = 0.0
+    calibration: float = 0.0
+    units: float = 0.0
+    ingest: float = 0.0
+    computed: int = 0
+    reused: int = 0
+    by_cell: dict[str, float] = field(default_factory=dict)
+
+
+def _calibration(cell: Cell, loaded, cache: dict, timings: Timings) -> QueryStats | None:
+    if "calibration" not in cell.policy.needs:
+        return None
+    if cell.model.name not in cache:
+        from kvbench.adapters.hf.calibrate import calibrate
+
+        started = time.perf_counter()
+        cache[cell.model.name] = calibrate(loaded)
+        timings.calibration += time.perf_counter() - started
+    return cache[cell.model.name]
+
+
+def check_cells(cells: Sequence[Cell], loaded, problems: dict[str, list]) -> None:
+    """Refuse, before anything runs, a cell whose budget cannot protect its prompts."""
+    for cell in cells:
+        schedule = cell.schedule()
+        if not cell.policy.evicts:
+            continue
+        longest = max(len(encode_problem(p, loaded)[0]) for p in problems[cell.task.name])
+        prefix = schedule.protected_prefix(longest)
+        if prefix.capped:
+            raise BudgetError(
+                f"{cell.label}: the budget K={schedule.budget} with buffer B={schedule.buffer} leaves "
+                f"room to protect {prefix.count} prompt tokens, but task {cell.task.name!r} has prompts of "
+                f"{longest} tokens on {cell.model.name}: use a budget of at least "
+                f"{longest + schedule.buffer + 1} (--budget) or a smaller ratio (--ratio)"
+            )
+
+
+def run_cells(cells: Sequence[Cell], out: Path, *, device: str = "cpu", progress: bool = True) -> Timings:
+    from kvbench.adapters.hf.models import load_model
+
+    timings = Timings()
+    extra = provenance()
+    calibrations: dict[str, QueryStats] = {}
+    for model_name in dict.fromkeys(c.model.name for c in cells):
+        model_cells = [c for c in cells if c.model.name == model_name]
+        started = time.perf_counter()
+        loaded = load_model(model_name, device=device)
+        timings.model_load += time.perf_counter() - started
+        problems = {c.task.name: probe_problems(c, loaded) for c in model_cells}
+        check_cells(model_cells, loaded, problems)
+        total = sum(len(problems[c.task.name]) for c in model_cells)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=not progress, transient=True) as bar:
+            task = bar.add_task(model_name, total=total)
+            for cell in model_cells:
+                store = ShardStore(out, cell.run_id)
+                store.write_manifest(cell.resolved, {**extra, "role": cell.role, "label": cell.label})
+                calibration = _calibration(cell, loaded, calibrations, timings)
+                for problem in problems[cell.task.name]:
+                    bar.update(task, description=f"{cell.label} {problem.problem_id}")
+                    if store.has(problem.problem_id):
+                        timings.reused += 1
+                    else:
+                        started = time.perf_counter()
+                        seeds = [
+                            sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s)
+                            for s in range(cell.samples)
+                        ]
+                        rows = score_probe(
+                            cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration
+                        )
+                        store.write(problem.problem_id, rows)
+                        spent = time.perf_counter() - started
+                        timings.units += spent
+                        timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
+                        timings.computed += 1
+                    bar.advance(task)
+    return timings

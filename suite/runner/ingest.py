@@ -1,0 +1,126 @@
+"""Ingest: shards into runs/kvbench.duckdb, idempotently, one writer at a time.
+
+Writers take an exclusive file lock for the few seconds an ingest lasts, so concurrent `kvbench run`
+processes never corrupt the database; each shard file is read once (``ingested_files``) and rows are
+keyed by (run_id, problem_id, sample), so re-ingesting anything adds nothing. After each ingest a
+snapshot copy is published by atomic rename: readers (the leaderboard) open the snapshot, never the
+writer's file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+SCHEMA_VERSION = 1
+DATABASE = "kvbench.duckdb"
+SNAPSHOT = "kvbench.snapshot.duckdb"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, role VARCHAR, label VARCHAR,
+    model VARCHAR, task VARCHAR, task_version INTEGER, policy VARCHAR, policy_params JSON,
+    protocol VARCHAR, protection VARCHAR, budget INTEGER, buffer INTEGER, n_avg DOUBLE, ratio DOUBLE,
+    samples_per_problem INTEGER, protocol_seed BIGINT, visibility VARCHAR,
+    kvbench_version VARCHAR, git_sha VARCHAR, git_dirty BOOLEAN, packages JSON, hardware JSON,
+    created DOUBLE, spec JSON
+);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id VARCHAR, task VARCHAR, problem_id VARCHAR, problem_hash VARCHAR, sample INTEGER, seed BIGINT,
+    metric DOUBLE, correct BOOLEAN, strict_correct BOOLEAN, finish_reason VARCHAR, generated_tokens INTEGER,
+    evictions INTEGER, secondary JSON, output VARCHAR, wall_seconds DOUBLE,
+    PRIMARY KEY (run_id, problem_id, sample)
+);
+CREATE TABLE IF NOT EXISTS ingested_files (path VARCHAR PRIMARY KEY);
+"""
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    runs: int
+    files: int
+    database: Path
+
+
+@contextmanager
+def _writer_lock(root: Path):
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".ingest.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_row(manifest: dict) -> tuple:
+    spec = manifest["spec"]
+    protocol, task = spec["protocol"], spec["task"]
+    git = manifest.get("git") or {}
+    return (
+        manifest["run_id"],
+        manifest.get("role"),
+        manifest.get("label"),
+        spec["model"]["name"],
+        task["name"],
+        task["version"],
+        spec["policy"]["name"],
+        json.dumps(spec["policy"]["params"]),
+        protocol["name"],
+        protocol["protection"],
+        spec["budget"],
+        protocol["buffer"],
+        spec["n_avg"],
+        spec["ratio"],
+        spec["samples"],
+        protocol["seed"],
+        task["visibility"],
+        manifest.get("kvbench"),
+        git.get("sha"),
+        git.get("dirty"),
+        json.dumps(manifest.get("packages")),
+        json.dumps(manifest.get("hardware")),
+        manifest.get("created"),
+        json.dumps(spec),
+    )
+
+
+def ingest(root: Path) -> IngestReport:
+    """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot."""
+    shard_root = root / "shards"
+    with _writer_lock(root):
+        database = root / DATABASE
+        con = duckdb.connect(str(database))
+        try:
+            con.execute(SCHEMA)
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+            manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
+            for path in manifests:
+                row = _run_row(json.loads(path.read_text()))
+                con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
+            done = {r[0] for r in con.execute("SELECT path FROM ingested_files").fetchall()}
+            files = sorted(str(p) for p in shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
+            new = [f for f in files if os.path.relpath(f, root) not in done]
+            if new:
+                con.execute("BEGIN TRANSACTION")
+                con.execute("INSERT OR IGNORE INTO samples SELECT * FROM read_parquet(?)", [new])
+                con.executemany(
+                    "INSERT OR IGNORE INTO ingested_files VALUES (?)",
+                    [[os.path.relpath(f, root)] for f in new],
+                )
+                con.execute("COMMIT")
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        staging = root / f".{SNAPSHOT}.tmp"
+        shutil.copyfile(database, staging)
+        os.replace(staging, root / SNAPSHOT)
+    return IngestReport(runs=len(manifests), files=len(new), database=database)

@@ -1,0 +1,72 @@
+"""The table `kvbench run` ends with: one per task, each policy against the null and the full cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import duckdb
+
+from kvbench.runner.plan import Cell
+from kvbench.stats import Estimate, bootstrap_mean, paired_difference
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    model: str
+    task: str
+    metric: str
+    policy: str
+    role: str
+    budget: int
+    k_over_n_avg: float
+    score: Estimate
+    vs_null: Estimate | None
+    vs_full: Estimate | None
+    problems: int
+    samples: int
+
+
+def problem_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
+    """Per problem: the mean of its samples' metric."""
+    rows = con.execute(
+        "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY problem_id", [run_id]
+    ).fetchall()
+    return {problem: float(value) for problem, value in rows}
+
+
+def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        scores = {cell.run_id: problem_scores(con, cell.run_id) for cell in cells}
+    finally:
+        con.close()
+    rows = []
+    for cell in cells:
+        same_task = [c for c in cells if (c.model.name, c.task.name) == (cell.model.name, cell.task.name)]
+        null = next((c for c in same_task if c.role == "null" and c.budget == cell.budget), None)
+        full = next((c for c in same_task if c.role == "reference"), None)
+        mine = scores[cell.run_id]
+        rows.append(
+            ReportRow(
+                model=cell.model.name,
+                task=cell.task.name,
+                metric=cell.task.metric,
+                policy=cell.policy.name,
+                role=cell.role,
+                budget=cell.budget,
+                k_over_n_avg=cell.budget / cell.n_avg if cell.n_avg else math.nan,
+                score=bootstrap_mean(list(mine.values())),
+                vs_null=paired_difference(mine, scores[null.run_id]) if null and cell is not null else None,
+                vs_full=paired_difference(mine, scores[full.run_id]) if full and cell is not full else None,
+                problems=len(mine),
+                samples=cell.samples,
+            )
+        )
+    return rows
+
+
+def as_dicts(rows: Sequence[ReportRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

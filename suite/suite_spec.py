@@ -1,0 +1,33 @@
+"""Suite specs (suite/suites/*.yaml): models × tasks × policies under one protocol, at one or more budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+
+from kvbench.specs import StrictSpec, find_spec_file, load_spec, spec_names
+
+
+class SuiteSpec(StrictSpec):
+    spec_version: Literal[1] = 1
+    name: str
+    description: str
+    models: list[str] = pydantic.Field(min_length=1)
+    tasks: list[str] = pydantic.Field(min_length=1)
+    policies: list[str] = pydantic.Field(min_length=1)
+    """Policies under test, as --policy text (``name`` or ``name:k=v``); the null and full are added."""
+    protocol: str
+    ratios: list[float] | None = None
+    """A budget sweep: K = N_avg/ratio for each ratio (default: the protocol's rule)."""
+    limit: int | None = None
+    """At most this many problems per task."""
+
+
+def suite_names() -> list[str]:
+    return spec_names("suites")
+
+
+def load_suite(name_or_path: str | Path) -> SuiteSpec:
+    return load_spec(find_spec_file("suite", "suites", str(name_or_path)), SuiteSpec)

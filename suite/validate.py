@@ -1,0 +1,66 @@
+"""``kvbench validate``: load every spec (and what it refers to) without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvbench.errors import SpecError
+from kvbench.model_spec import ModelSpec, load_model_spec, model_names
+from kvbench.protocol_spec import ProtocolSpec, load_protocol, protocol_names
+from kvbench.registry import make_policy
+from kvbench.specs import load_spec
+from kvbench.suite_spec import SuiteSpec, load_suite, suite_names
+from kvbench.task_spec import TaskSpec, load_task, task_names
+
+KINDS = {"models": ModelSpec, "protocols": ProtocolSpec, "suites": SuiteSpec, "tasks": TaskSpec}
+
+
+def _check_suite(suite: SuiteSpec) -> None:
+    """A suite's references resolve: models, tasks, policies, protocol (with sampling for each family)."""
+    protocol = load_protocol(suite.protocol)
+    for model in suite.models:
+        family = load_model_spec(model).family
+        if family not in protocol.sampling:
+            raise SpecError(
+                f"suite {suite.name!r}: protocol {protocol.name!r} has no sampling for {family!r}"
+            )
+    for task in suite.tasks:
+        load_task(task)
+    for policy in [*suite.policies, protocol.baseline, protocol.reference]:
+        make_policy(policy)
+
+
+def _kind_of(path: Path) -> str:
+    for part in reversed(path.resolve().parts[:-1]):
+        if part in KINDS:
+            return part
+    raise SpecError(
+        f"{path}: cannot tell which kind of spec this is; keep it in a folder named "
+        f"{', '.join(KINDS)} (as in the project layout)"
+    )
+
+
+def validate_paths(path: Path | None) -> list[tuple[str, str]]:
+    checked: list[tuple[str, str]] = []
+    if path is None:
+        for name in model_names():
+            checked.append(("model", load_model_spec(name).name))
+        for name in protocol_names():
+            checked.append(("protocol", load_protocol(name).name))
+        for name in task_names():
+            checked.append(("task", load_task(name).name))
+        for name in suite_names():
+            suite = load_suite(name)
+            _check_suite(suite)
+            checked.append(("suite", suite.name))
+        return checked
+    files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+    if not files:
+        raise SpecError(f"{path}: no .yaml file to validate")
+    for file in files:
+        kind = _kind_of(file)
+        spec = load_spec(file, KINDS[kind])
+        if isinstance(spec, SuiteSpec):
+            _check_suite(spec)
+        checked.append((kind.rstrip("s"), spec.name))
+    return checked

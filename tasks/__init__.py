@@ -1,0 +1,1 @@
+"""Task specs (one YAML per task), shipped as package data of ``kvbench.tasks``."""

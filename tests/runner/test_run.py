@@ -1,0 +1,135 @@
+"""kvbench run end to end: real model, real shards, real DuckDB; interrupted and concurrent runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+TINY = ["--model", "tiny-qwen3", "--quiet"]
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=900)
+
+
+def sample_keys(out: Path) -> list[tuple]:
+    con = duckdb.connect(str(out / "kvbench.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT run_id, problem_id, sample FROM samples ORDER BY ALL").fetchall()
+    finally:
+        con.close()
+
+
+def shard_rows(out: Path) -> list[tuple]:
+    con = duckdb.connect()
+    rows = con.execute(
+        f"SELECT run_id, problem_id, sample FROM read_parquet('{out}/shards/*/*.parquet') ORDER BY ALL"
+    ).fetchall()
+    con.close()
+    return rows
+
+
+def test_run_writes_runs_and_samples_tables(tmp_path: Path) -> None:
+    result = kvbench("run", *TINY, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "passkey on tiny-qwen3" in result.stdout and "random (null)" in result.stdout
+    assert "results: runs/kvbench.duckdb (tables runs, samples)" in result.stdout
+    con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
+    runs = con.execute("SELECT task, policy, role, budget FROM runs ORDER BY ALL").fetchall()
+    expected = [
+        (t, p, r, None if r == "reference" else 256)
+        for t in ("fidelity", "passkey")
+        for p, r in (("full", "reference"), ("random", "null"), ("snapkv", "policy"))
+    ]
+    assert runs == sorted(expected, key=lambda row: (row[0], row[1], row[2]))
+    count, seeds, evictions, forced = con.execute(
+        "SELECT count(*), count(DISTINCT s.seed), min(s.evictions),"
+        " bool_and(s.finish_reason = 'teacher-forced')"
+        " FROM samples s JOIN runs r USING (run_id) WHERE r.role = 'policy'"
+    ).fetchone()
+    assert (count, seeds, forced) == (2 * 2 * 2, 8, True)  # tasks × problems × samples, a seed each
+    assert evictions >= 10  # (1024 + prompt − 256) / 64 events in every trace
+    con.close()
+    again = kvbench("run", *TINY, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path)
+    assert "0 problems computed, 12 reused" in again.stdout
+    assert len(sample_keys(tmp_path / "runs")) == 6 * 2 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_run_resumes_without_loss_or_duplicates(tmp_path: Path, stop: signal.Signals) -> None:
+    args = ["run", *TINY, "--policy", "snapkv", "--policy", "h2o", "--limit", "8", "--samples", "2"]
+    process = subprocess.Popen([KVBENCH, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    shards = tmp_path / "runs" / "shards"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(shards.glob("*/*.parquet"))) < 3:
+        time.sleep(0.05)
+    process.send_signal(stop)
+    process.wait(timeout=60)
+    assert process.returncode != 0
+    written = len(list(shards.glob("*/*.parquet")))
+    assert 3 <= written < 2 * 4 * 8  # stopped midway
+    assert not list(shards.glob("*/.*"))  # no half-written file is left visible
+    result = kvbench(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = shard_rows(tmp_path / "runs")
+    expected = 2 * 4 * 8 * 2  # tasks × (2 policies, null, full) × problems × samples
+    assert len(rows) == len(set(rows)) == expected
+    assert sample_keys(tmp_path / "runs") == rows
+
+
+@pytest.mark.slow
+def test_two_runs_writing_the_same_folder_at_once_both_land(tmp_path: Path) -> None:
+    common = ["run", *TINY, "--limit", "6", "--task", "passkey"]
+    first = subprocess.Popen(
+        [KVBENCH, *common, "--policy", "snapkv"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = subprocess.Popen(
+        [KVBENCH, *common, "--policy", "h2o"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for process in (first, second):
+        _, err = process.communicate(timeout=900)
+        assert process.returncode == 0, err
+    rows = sample_keys(tmp_path / "runs")
+    assert len(rows) == len(set(rows)) == 4 * 6  # snapkv, h2o, and the shared null and full
+    assert rows == shard_rows(tmp_path / "runs")
+
+
+def test_a_budget_that_cannot_protect_the_prompt_writes_nothing(tmp_path: Path) -> None:
+    result = kvbench("run", *TINY, "--policy", "snapkv", "--budget", "80", "--limit", "1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "leaves room to protect 15 prompt tokens, but task 'passkey' has prompts of" in result.stderr
+    assert not (tmp_path / "runs" / "shards").exists() or not list((tmp_path / "runs").rglob("*.parquet"))
+
+
+@pytest.mark.slow
+def test_the_readme_command_on_the_embedded_model(tmp_path: Path) -> None:
+    """The main job on smollm2-135m, offline (one problem per task to keep CI short)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [KVBENCH, "run", "--policy", "snapkv", "--protocol", "protect-prompt", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "passkey on smollm2-135m" in result.stdout and "fidelity on smollm2-135m" in result.stdout
+    assert len(sample_keys(tmp_path / "runs")) == 2 * 3
