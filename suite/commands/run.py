@@ -76,7 +76,7 @@ def run_command(args: argparse.Namespace) -> int:
     ingest_started = time.perf_counter()
     report = ingest(args.out)
     timings.ingest = time.perf_counter() - ingest_started
-    rows = build_report(cells, report.database)
+    rows = build_report(cells, report.snapshot)
     for model, task in dict.fromkeys((r.model, r.task) for r in rows):
         group = [r for r in rows if (r.model, r.task) == (model, task)]
         table = Table(title=f"{task} on {model} ({group[0].metric}, higher is better; 95% CI over problems)")

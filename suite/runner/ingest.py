@@ -48,6 +48,8 @@ class IngestReport:
     runs: int
     files: int
     database: Path
+    snapshot: Path
+    """The copy readers open (read-only), so that they never hold a lock a writer needs."""
 
 
 @contextmanager
@@ -123,4 +125,4 @@ def ingest(root: Path) -> IngestReport:
         staging = root / f".{SNAPSHOT}.tmp"
         shutil.copyfile(database, staging)
         os.replace(staging, root / SNAPSHOT)
-    return IngestReport(runs=len(manifests), files=len(new), database=database)
+    return IngestReport(runs=len(manifests), files=len(new), database=database, snapshot=root / SNAPSHOT)
