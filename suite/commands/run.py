@@ -101,8 +101,8 @@ def run_command(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     console.print(
         f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "
-        f"{timings.model_load:.1f} s, calibration {timings.calibration:.1f} s, units {timings.units:.1f} s, "
-        f"ingest {timings.ingest:.1f} s)"
+        f"{timings.model_load:.1f} s, calibration {timings.calibration:.1f} s, scoring {timings.units:.1f} s "
+        f"of which evicting {timings.eviction:.1f} s, ingest {timings.ingest:.1f} s)"
     )
     console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
     if args.json:

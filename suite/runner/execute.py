@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ class Timings:
     model_load: float = 0.0
     calibration: float = 0.0
     units: float = 0.0
+    """Scoring problems: prefill, teacher-forced forwards and evictions."""
+    eviction: float = 0.0
+    """The part of ``units`` spent in eviction events."""
     ingest: float = 0.0
     computed: int = 0
     reused: int = 0
@@ -94,6 +98,7 @@ def run_cells(cells: Sequence[Cell], out: Path, *, device: str = "cpu", progress
                             cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration
                         )
                         store.write(problem.problem_id, rows)
+                        timings.eviction += sum(json.loads(r["secondary"])["eviction_seconds"] for r in rows)
                         spent = time.perf_counter() - started
                         timings.units += spent
                         timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent

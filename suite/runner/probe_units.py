@@ -97,6 +97,7 @@ def score_probe(
                 "answer_tokens": len(answer),
                 "depth": source.depth,
             }
+        secondary["eviction_seconds"] = result.eviction_seconds / len(seeds)
         rows.append(
             {
                 "run_id": run_id,

@@ -91,4 +91,6 @@ def test_generate_refuses_bad_input_clearly() -> None:
     assert unknown.returncode == 2 and "Known models:" in unknown.stderr and "smollm2-135m" in unknown.stderr
     offline = kvbench("generate", "--model", "qwen3-4b", "--budget", "128", "hi", HF_HUB_OFFLINE="1")
     assert offline.returncode == 2 and "not available offline" in offline.stderr
+    hint = "huggingface-cli download Qwen/Qwen3-4B --revision 1cfa9a7208912126459214e8b04321603b3df60c"
+    assert hint in offline.stderr  # the real hub path (HF_HUB_OFFLINE only skips its ~45 s of retries)
     assert "Traceback" not in offline.stderr
