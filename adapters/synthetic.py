@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from kvbench.contract import ModelFacts, Policy
-from kvbench.engine import Evictor, LayerKV
+from kvbench.engine import Evictor, LayerKV, PinnedSlots
 from kvbench.rope import apply_rope, rope_inv_freq
 from kvbench.schedule import Schedule
 from kvbench.seeding import generator, stable_seed
@@ -54,6 +54,7 @@ class SyntheticBackend:
         row_seeds: Sequence[int],
         seed: int = 0,
         calibration: object = None,
+        pinned: PinnedSlots | None = None,
         dtype: torch.dtype = torch.float32,
         query_window: int = 64,
     ) -> None:
@@ -64,7 +65,13 @@ class SyntheticBackend:
         self.batch = len(row_seeds)
         self.window = max(query_window, policy.query_window, 1)
         self.evictor = Evictor(
-            policy, schedule, model, prompt_len=prompt_len, row_seeds=row_seeds, calibration=calibration
+            policy,
+            schedule,
+            model,
+            prompt_len=prompt_len,
+            row_seeds=row_seeds,
+            calibration=calibration,
+            pinned=pinned,
         )
         self.gen = generator(stable_seed("synthetic", seed))
         self.seen = 0

@@ -142,3 +142,25 @@ def test_rows_leaving_the_batch_keep_their_draws() -> None:
     together = run([5, 7, 9], drop_after=50)
     alone = run([7], drop_after=None)
     assert torch.equal(together, alone)
+
+
+def test_pinned_slots_are_kept_in_exactly_the_pinned_heads() -> None:
+    """The planted-fact ablation: a needle protected in h of the KV heads, free to go in the others."""
+    from kvbench.engine import PinnedSlots
+
+    model = synthetic_model(layers=2, q_heads=8, kv_heads=4, head_dim=8)
+    needle = torch.tensor([10, 11, 12])
+    pinned = PinnedSlots(needle, torch.tensor([True, True, False, False]))
+    backend = RecordingBackend(
+        make_policy("streaming"),
+        Schedule(budget=24, buffer=8),
+        model,
+        prompt_len=4,
+        row_seeds=[0],
+        pinned=pinned,
+    )
+    for _ in range(80):
+        backend.step()
+    for kv in backend.layers:
+        has_needle = torch.isin(kv.positions[0], needle).sum(dim=-1)  # per KV head
+        assert has_needle.tolist() == [3, 3, 0, 0]  # streaming evicts old tokens unless pinned
