@@ -1,0 +1,59 @@
+"""Multiple choice (GPQA): choices shuffled with a fixed per-problem seed, the letter mapped back.
+
+The reference data lists the correct answer first; a run never sees that order: ``shuffled_choices`` is
+the only way a prompt is built, and it records the order with the result.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.graders.thinking import final_answer
+from kvbench.seeding import stable_seed
+
+GRADER_VERSION = "choice-1"
+LETTERS = "ABCD"
+_BOXED = re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{)?\s*\(?([A-Da-d])\)?\s*\}?\s*\}")
+_PAREN = re.compile(r"\(([A-D])\)")
+
+
+@dataclass(frozen=True)
+class Shuffled:
+    choices: tuple[str, ...]
+    answer: str
+    """The letter of the correct choice after shuffling."""
+    order: tuple[int, ...]
+    """order[i] = index in (correct, *incorrect) of the choice shown as letter i."""
+
+
+def shuffled_choices(correct: str, incorrect: Sequence[str], problem_id: str, seed: int = 0) -> Shuffled:
+    options = [correct, *incorrect]
+    order = list(range(len(options)))
+    random.Random(stable_seed("choices", seed, problem_id)).shuffle(order)
+    return Shuffled(tuple(options[i] for i in order), LETTERS[order.index(0)], tuple(order))
+
+
+def extract_letter(text: str) -> str | None:
+    """The last ``\\boxed{X}`` (also ``\\boxed{(X)}``, ``\\boxed{\\text{X}}``), else the last ``(X)``."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return boxed[-1].upper()
+    plain = _PAREN.findall(text)
+    return plain[-1] if plain else None
+
+
+@dataclass(frozen=True)
+class ChoiceVerdict:
+    correct: bool
+    no_answer: bool
+    extracted: str | None
+    version: str = GRADER_VERSION
+
+
+def grade_choice(output: str, answer: str, *, thinking: bool = False) -> ChoiceVerdict:
+    final = final_answer(output, thinking=thinking)
+    letter = extract_letter(final) if final is not None else None
+    return ChoiceVerdict(correct=letter == answer, no_answer=letter is None, extracted=letter)

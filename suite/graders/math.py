@@ -1,0 +1,83 @@
+"""The math grader: math-verify on the final answer, in worker processes with an outer timeout.
+
+math-verify's own timeouts use signals, which work only in a process's main thread; and sympy can
+still hang on a pathological expression. So every answer is verified in a worker process of a pool,
+with a wall-clock limit around it: a worker that overruns is killed with its pool and the answer is
+graded wrong (``grader_timeout``), and the next answer gets a fresh pool. Nothing stops the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from typing import Literal
+
+from kvbench.graders.thinking import final_answer
+
+GRADER_VERSION = "math-1 (math-verify 0.9)"
+AnswerKind = Literal["latex", "integer"]
+
+
+@dataclass(frozen=True)
+class MathVerdict:
+    correct: bool
+    no_answer: bool
+    extracted: str | None
+    grader_timeout: bool = False
+    version: str = GRADER_VERSION
+
+
+def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]:
+    """Runs in a worker: parse gold and prediction (boxed first), then verify."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    if kind == "integer":
+        gold_parsed = parse(gold, [ExprExtractionConfig(), LatexExtractionConfig()])
+    else:
+        gold_parsed = parse(f"${gold}$", [LatexExtractionConfig()])
+    # the last box wins: math-verify would otherwise read several boxes as one set
+    last_box = answer.rfind("\\boxed")
+    answer = answer[last_box:] if last_box >= 0 else answer
+    predicted = parse(answer, [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()])
+    if not predicted:
+        return False, None
+    return bool(verify(gold_parsed, predicted)), str(predicted[-1])
+
+
+class MathGrader:
+    """Grades answers against gold values; use as a context manager to release the workers."""
+
+    def __init__(self, timeout: float = 20.0, workers: int = 1) -> None:
+        self.timeout, self.workers = timeout, workers
+        self._pool = None
+
+    def __enter__(self) -> MathGrader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def _workers(self):
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+        return self._pool
+
+    def grade(
+        self, output: str, gold: str, *, kind: AnswerKind = "latex", thinking: bool = False
+    ) -> MathVerdict:
+        answer = final_answer(output, thinking=thinking)
+        if answer is None or not answer.strip():
+            return MathVerdict(correct=False, no_answer=True, extracted=None)
+        pending = self._workers().apply_async(_verify, (gold, answer, kind))
+        try:
+            correct, extracted = pending.get(timeout=self.timeout)
+        except multiprocessing.TimeoutError:
+            self.close()  # the worker may be stuck in sympy: kill it with its pool
+            return MathVerdict(correct=False, no_answer=False, extracted=None, grader_timeout=True)
+        return MathVerdict(correct=correct, no_answer=extracted is None, extracted=extracted)
