@@ -27,7 +27,37 @@ class ProbeSource(StrictSpec):
     seed: int = 0
 
 
-Source = Annotated[ProbeSource, pydantic.Field(discriminator="kind")]
+class Fields(StrictSpec):
+    """Which columns of the dataset hold what."""
+
+    id: str | None = None
+    """The id column; without one the row index in the pinned revision is the id."""
+    question: str
+    answer: str | None = None
+    """Math: the gold answer."""
+    answer_after: str | None = None
+    """Math: keep only the text after this marker of the answer column (GSM8K's '####')."""
+    correct: str | None = None
+    """Choice: the correct option (shown shuffled, never first by construction)."""
+    incorrect: list[str] | None = None
+    """Choice: the incorrect options."""
+
+
+class HubDataset(StrictSpec):
+    """A Hugging Face dataset at a pinned revision, loaded with `datasets` (or a local copy: --data)."""
+
+    kind: Literal["hub-dataset"]
+    dataset: str
+    revision: str
+    config: str | None = None
+    split: str = "test"
+    data_files: list[str] | None = None
+    fields: Fields
+    where: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Keep rows whose column equals this value (e.g. difficulty: medium)."""
+
+
+Source = Annotated[ProbeSource | HubDataset, pydantic.Field(discriminator="kind")]
 
 
 class TaskSpec(StrictSpec):
@@ -39,6 +69,13 @@ class TaskSpec(StrictSpec):
     source: Source
     metric: str
     """The primary metric, higher is better (e.g. exact retrieval, top-1 agreement with the full cache)."""
+    grader: Literal["probe", "math", "choice"] = "probe"
+    answer_kind: Literal["latex", "integer"] = "latex"
+    """Math: how the gold answer is parsed (integer for AIME, LaTeX for MATH-500)."""
+    prompt: str = "{question}"
+    """The user turn: the placeholders {question} and (choice tasks) {choices} are replaced; nothing else
+    is interpreted, so LaTeX braces such as \\boxed{} stay as written."""
+    max_new_tokens: int = pydantic.Field(default=32768, gt=0)
     samples: int = pydantic.Field(default=1, gt=0)
     """Samples per problem; the samples of one problem decode as one batch."""
     visibility: Literal["public", "private"] = "public"
@@ -46,6 +83,18 @@ class TaskSpec(StrictSpec):
     n_avg: dict[str, float] = pydantic.Field(default_factory=dict)
     """Reference mean generated length per model name; '*' applies to any model."""
     licence: str = "self-written synthetic data"
+
+    @pydantic.model_validator(mode="after")
+    def _grader_fits_source(self) -> TaskSpec:
+        if (self.grader == "probe") != (self.source.kind == "probe"):
+            raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
+        if self.source.kind == "hub-dataset":
+            fields = self.source.fields
+            if self.grader == "math" and fields.answer is None:
+                raise ValueError("a math task needs `fields.answer`")
+            if self.grader == "choice" and (fields.correct is None or not fields.incorrect):
+                raise ValueError("a choice task needs `fields.correct` and `fields.incorrect`")
+        return self
 
     def reference_n_avg(self, model: str) -> float | None:
         if model in self.n_avg:

@@ -23,9 +23,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     budget.add_argument("--budget", type=int, help="a fixed K for every task")
     budget.add_argument("--ratio", type=float, help="K = N_avg / ratio (default: the protocol's)")
     run.add_argument("--samples", type=int, help="samples per problem (default: the task's)")
+    run.add_argument("--max-new-tokens", type=int, help="cap on generated tokens (default: the task's)")
     run.add_argument("--limit", type=int, help="at most this many problems per task")
     run.add_argument("--seed", type=int, help="the protocol seed (default: the protocol's)")
     run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    run.add_argument(
+        "--data", type=Path, help="a local copy of the one --task's dataset, in the hub's layout"
+    )
     run.add_argument("--adapter", choices=["hf"], default="hf", help="backend (hf: transformers)")
     run.add_argument("--device", default="cpu")
     run.add_argument("--no-baselines", action="store_true", help="skip the null and full-cache arms")
@@ -70,6 +74,8 @@ def run_command(args: argparse.Namespace) -> int:
         limit=args.limit,
         seed=args.seed,
         baselines=not args.no_baselines,
+        data=str(args.data.resolve()) if args.data else None,
+        max_new_tokens=args.max_new_tokens,
     )
     cells = plan(request)
     timings = run_cells(cells, args.out, device=args.device, progress=not args.quiet)

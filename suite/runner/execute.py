@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvbench.calibration import QueryStats
 from kvbench.errors import BudgetError
+from kvbench.graders.math import MathGrader
+from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
 from kvbench.runner.store import ShardStore, provenance
@@ -46,13 +48,28 @@ def _calibration(cell: Cell, loaded, cache: dict, timings: Timings) -> QueryStat
     return cache[cell.model.name]
 
 
+def cell_problems(cell: Cell, loaded) -> list:
+    """The problems of a cell's task: generated probes, or dataset rows (hub or --data)."""
+    if cell.task.source.kind == "probe":
+        return probe_problems(cell, loaded)
+    from kvbench.task_data import load_problems
+
+    return load_problems(cell.task, Path(cell.data) if cell.data else None, cell.limit)
+
+
+def prompt_length(problem, loaded) -> int:
+    if hasattr(problem, "pieces"):
+        return len(encode_problem(problem, loaded)[0])
+    return len(loaded.prompt_ids(problem.prompt))
+
+
 def check_cells(cells: Sequence[Cell], loaded, problems: dict[str, list]) -> None:
     """Refuse, before anything runs, a cell whose budget cannot protect its prompts."""
     for cell in cells:
         schedule = cell.schedule()
         if not cell.policy.evicts:
             continue
-        longest = max(len(encode_problem(p, loaded)[0]) for p in problems[cell.task.name])
+        longest = max(prompt_length(p, loaded) for p in problems[cell.task.name])
         prefix = schedule.protected_prefix(longest)
         if prefix.capped:
             raise BudgetError(
@@ -64,44 +81,65 @@ def check_cells(cells: Sequence[Cell], loaded, problems: dict[str, list]) -> Non
 
 
 def run_cells(cells: Sequence[Cell], out: Path, *, device: str = "cpu", progress: bool = True) -> Timings:
-    from kvbench.adapters.hf.models import load_model
-
+    """Run every cell, one model at a time; problems already stored are skipped."""
     timings = Timings()
     extra = provenance()
     calibrations: dict[str, QueryStats] = {}
-    for model_name in dict.fromkeys(c.model.name for c in cells):
-        model_cells = [c for c in cells if c.model.name == model_name]
-        started = time.perf_counter()
-        loaded = load_model(model_name, device=device)
-        timings.model_load += time.perf_counter() - started
-        problems = {c.task.name: probe_problems(c, loaded) for c in model_cells}
-        check_cells(model_cells, loaded, problems)
-        total = sum(len(problems[c.task.name]) for c in model_cells)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not progress, transient=True) as bar:
-            task = bar.add_task(model_name, total=total)
-            for cell in model_cells:
-                store = ShardStore(out, cell.run_id)
-                store.write_manifest(cell.resolved, {**extra, "role": cell.role, "label": cell.label})
-                calibration = _calibration(cell, loaded, calibrations, timings)
-                for problem in problems[cell.task.name]:
-                    bar.update(task, description=f"{cell.label} {problem.problem_id}")
-                    if store.has(problem.problem_id):
-                        timings.reused += 1
-                    else:
-                        started = time.perf_counter()
-                        seeds = [
-                            sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s)
-                            for s in range(cell.samples)
-                        ]
-                        rows = score_probe(
-                            cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration
-                        )
-                        store.write(problem.problem_id, rows)
-                        timings.eviction += sum(json.loads(r["secondary"])["eviction_seconds"] for r in rows)
-                        spent = time.perf_counter() - started
-                        timings.units += spent
-                        timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
-                        timings.computed += 1
-                    bar.advance(task)
+    with MathGrader() as math_grader:
+        for model_name in dict.fromkeys(c.model.name for c in cells):
+            model_cells = [c for c in cells if c.model.name == model_name]
+            _run_model(model_cells, out, device, progress, extra, calibrations, timings, math_grader)
     return timings
+
+
+def _score(cell: Cell, loaded, problem, calibration, math_grader: MathGrader) -> list[dict]:
+    seeds = [
+        sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
+    ]
+    if cell.task.source.kind == "probe":
+        return score_probe(cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration)
+    return score_generation(
+        cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration, math_grader=math_grader
+    )
+
+
+def _run_model(
+    model_cells: list[Cell],
+    out: Path,
+    device: str,
+    progress: bool,
+    extra: dict,
+    calibrations: dict,
+    timings: Timings,
+    math_grader: MathGrader,
+) -> None:
+    from kvbench.adapters.hf.models import load_model
+
+    model_name = model_cells[0].model.name
+    started = time.perf_counter()
+    loaded = load_model(model_name, device=device)
+    timings.model_load += time.perf_counter() - started
+    problems = {c.task.name: cell_problems(c, loaded) for c in model_cells}
+    check_cells(model_cells, loaded, problems)
+    total = sum(len(problems[c.task.name]) for c in model_cells)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=True) as bar:
+        task = bar.add_task(model_name, total=total)
+        for cell in model_cells:
+            store = ShardStore(out, cell.run_id)
+            store.write_manifest(cell.resolved, {**extra, "role": cell.role, "label": cell.label})
+            calibration = _calibration(cell, loaded, calibrations, timings)
+            for problem in problems[cell.task.name]:
+                bar.update(task, description=f"{cell.label} {problem.problem_id}")
+                if store.has(problem.problem_id):
+                    timings.reused += 1
+                else:
+                    started = time.perf_counter()
+                    rows = _score(cell, loaded, problem, calibration, math_grader)
+                    store.write(problem.problem_id, rows)
+                    spent = time.perf_counter() - started
+                    timings.eviction += sum(json.loads(r["secondary"])["eviction_seconds"] for r in rows)
+                    timings.units += spent
+                    timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
+                    timings.computed += 1
+                bar.advance(task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from kvbench.contract import Policy
@@ -39,6 +40,7 @@ class Cell:
     samples: int
     limit: int | None
     role: Role = "policy"
+    data: str | None = None
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -69,6 +71,10 @@ class RunRequest:
     limit: int | None = None
     seed: int | None = None
     baselines: bool = True
+    data: str | None = None
+    """A local copy of the (single) task's dataset in the hub's layout, replacing the hub."""
+    max_new_tokens: int | None = None
+    """Caps the generated tokens of reasoning tasks (part of the task, hence of the identity)."""
 
 
 def _make_cell(
@@ -83,6 +89,7 @@ def _make_cell(
     samples: int,
     limit: int | None,
     role: Role,
+    data: str | None = None,
 ) -> Cell:
     resolved = {
         "runner_version": RUNNER_VERSION,
@@ -96,9 +103,13 @@ def _make_cell(
         "samples": samples,
         "limit": limit,
     }
+    if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
+        from kvbench.task_data import data_fingerprint
+
+        resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
     if role == "reference":  # the full cache does not depend on K: one reference serves every budget
         resolved["budget"] = resolved["ratio"] = None
-    return Cell(model, task, policy, protocol, budget, n_avg, ratio, samples, limit, role, resolved)
+    return Cell(model, task, policy, protocol, budget, n_avg, ratio, samples, limit, role, data, resolved)
 
 
 def plan(request: RunRequest) -> list[Cell]:
@@ -109,6 +120,10 @@ def plan(request: RunRequest) -> list[Cell]:
         protocol = protocol.model_copy(update={"seed": request.seed})
     models = [load_model_spec(m) for m in (request.models or suite.models)]
     tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
+    if request.max_new_tokens is not None:
+        tasks = [t.model_copy(update={"max_new_tokens": request.max_new_tokens}) for t in tasks]
+    if request.data is not None and (len(tasks) != 1 or tasks[0].source.kind != "hub-dataset"):
+        raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
     policies = [make_policy(p) for p in (request.policies or suite.policies)]
     if request.budget is not None and request.ratio is not None:
         raise SpecError("give --budget (a fixed K) or --ratio (K = N_avg/ratio), not both")
@@ -157,6 +172,7 @@ def plan(request: RunRequest) -> list[Cell]:
                         samples=request.samples or task.samples,
                         limit=request.limit if request.limit is not None else suite.limit,
                         role=role,
+                        data=request.data,
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)

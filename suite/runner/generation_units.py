@@ -1,0 +1,86 @@
+"""Scoring reasoning problems: the k samples decode as one batch under the policy, then each is graded.
+
+Per sample: correct, strict (correct and finished before the cap), no answer, truncated, generated
+length, eviction count. A private task's output text is never stored; only its problem id and hash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from kvbench.adapters.hf.decode import Sampling, generate
+from kvbench.adapters.hf.models import LoadedModel
+from kvbench.graders.choice import grade_choice
+from kvbench.graders.math import MathGrader
+from kvbench.runner.plan import Cell
+from kvbench.runner.store import problem_key
+from kvbench.task_data import Problem
+
+THINKING_FAMILIES = ("qwen3", "phi4-reasoning")
+
+
+def score_generation(
+    cell: Cell,
+    loaded: LoadedModel,
+    problem: Problem,
+    seeds: list[int],
+    *,
+    run_id: str,
+    calibration: Any,
+    math_grader: MathGrader,
+) -> list[dict[str, Any]]:
+    started = time.perf_counter()
+    family = cell.model.family
+    settings = cell.protocol.sampling[family]
+    result = generate(
+        loaded,
+        loaded.prompt_ids(problem.prompt),
+        cell.policy,
+        cell.schedule(),
+        sample_seeds=seeds,
+        sampling=Sampling(settings.temperature, settings.top_p, settings.top_k),
+        max_new_tokens=cell.task.max_new_tokens,
+        calibration=calibration,
+        refuse_capped_prompt=True,
+    )
+    seconds = (time.perf_counter() - started) / len(seeds)
+    thinking = family in THINKING_FAMILIES
+    rows = []
+    for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
+        if cell.task.grader == "choice":
+            verdict = grade_choice(sample.text, problem.gold["answer"], thinking=thinking)
+        else:
+            verdict = math_grader.grade(
+                sample.text, problem.gold["answer"], kind=cell.task.answer_kind, thinking=thinking
+            )
+        truncated = sample.finish_reason == "length"
+        secondary = {
+            "no_answer": verdict.no_answer,
+            "truncated": truncated,
+            "grader": verdict.version,
+            "eviction_seconds": result.eviction_seconds / len(seeds),
+        }
+        if cell.task.visibility == "public":
+            secondary["extracted"] = verdict.extracted
+        rows.append(
+            {
+                "run_id": run_id,
+                "task": cell.task.name,
+                "problem_id": problem.problem_id,
+                "problem_hash": problem_key(problem.problem_id),
+                "sample": i,
+                "seed": seed,
+                "metric": float(verdict.correct),
+                "correct": verdict.correct,
+                "strict_correct": verdict.correct and not truncated,
+                "finish_reason": sample.finish_reason,
+                "generated_tokens": sample.generated,
+                "evictions": sample.evictions,
+                "secondary": json.dumps(secondary),
+                "output": sample.text if cell.task.visibility == "public" else None,
+                "wall_seconds": seconds,
+            }
+        )
+    return rows

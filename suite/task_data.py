@@ -1,0 +1,83 @@
+"""Problems of hub-dataset tasks: loaded with `datasets`, from the hub or a local copy in the same format.
+
+The one code path serves both: ``datasets.load_dataset`` takes the hub id at the task's pinned revision,
+or, with ``--data PATH``, a local folder laid out like the hub repository (the tests use such fixtures;
+air-gapped users use their own copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.graders.choice import shuffled_choices
+from kvbench.task_spec import HubDataset, TaskSpec
+
+
+@dataclass(frozen=True)
+class Problem:
+    problem_id: str
+    prompt: str
+    """The user turn (never stored for private tasks)."""
+    gold: dict[str, Any] = field(default_factory=dict)
+
+
+def _rows(task: TaskSpec, source: HubDataset, data: Path | None) -> list[dict[str, Any]]:
+    import datasets
+
+    where = {"path": str(data)} if data is not None else {"path": source.dataset, "revision": source.revision}
+    try:
+        rows = datasets.load_dataset(
+            **where, name=source.config, split=source.split, data_files=source.data_files
+        )
+    except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
+        if data is not None:
+            raise SpecError(f"task {task.name!r}: cannot load --data {data}: {exc}") from None
+        raise PrerequisiteError(
+            f"task {task.name!r} ({source.dataset} at revision {source.revision}) is not available offline "
+            f"({type(exc).__name__}): on a machine with network, load it once so that the datasets cache "
+            "holds it, or pass --data PATH with a local copy in the hub's layout"
+        ) from None
+    selected = [dict(row) for row in rows if all(str(row.get(k)) == v for k, v in source.where.items())]
+    return selected
+
+
+def load_problems(task: TaskSpec, data: Path | None = None, limit: int | None = None) -> list[Problem]:
+    source = task.source
+    fields = source.fields
+    problems = []
+    for index, row in enumerate(_rows(task, source, data)):
+        problem_id = str(row[fields.id]) if fields.id else f"{source.split}-{index}"
+        question = str(row[fields.question])
+        if task.grader == "choice":
+            shuffled = shuffled_choices(
+                str(row[fields.correct]), [str(row[c]) for c in fields.incorrect], problem_id
+            )
+            choices = "\n".join(
+                f"({letter}) {text}" for letter, text in zip("ABCD", shuffled.choices, strict=False)
+            )
+            prompt = task.prompt.replace("{question}", question).replace("{choices}", choices)
+            gold = {"answer": shuffled.answer, "order": list(shuffled.order)}
+        else:
+            answer = str(row[fields.answer])
+            if fields.answer_after:
+                answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
+            prompt = task.prompt.replace("{question}", question)
+            gold = {"answer": answer}
+        problems.append(Problem(problem_id, prompt, gold))
+        if limit is not None and len(problems) >= limit:
+            break
+    return problems
+
+
+def data_fingerprint(path: Path) -> str:
+    """A hash of a local data folder's files: part of a run's identity when --data replaces the hub."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]

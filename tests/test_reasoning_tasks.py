@@ -1,0 +1,101 @@
+"""Reasoning tasks load from hub-layout fixtures through the hub code path and render their prompt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from kvbench.task_data import load_problems
+from kvbench.task_spec import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HUB = {
+    "math500": "HuggingFaceH4/MATH-500",
+    "gsm8k": "openai/gsm8k",
+    "gpqa-diamond": "Idavidrein/gpqa",
+    "aime25": "MathArena/aime_2025",
+    "aime26": "MathArena/aime_2026",
+    "hmmt25": "MathArena/hmmt_feb_2025",
+}
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+
+
+@pytest.mark.parametrize("task", list(HUB))
+def test_task_loads_from_its_fixture(task: str) -> None:
+    spec = load_task(task)
+    problems = load_problems(spec, FIXTURES / "hub" / HUB[task])
+    assert len(problems) >= 2 and len({p.problem_id for p in problems}) == len(problems)
+    assert all("{question}" not in p.prompt and p.gold["answer"] for p in problems)
+    if spec.grader == "math":
+        assert all(
+            p.prompt.endswith("Please reason step by step, and put your final answer within \\boxed{}.")
+            for p in problems
+        )
+
+
+def test_answers_are_read_as_documented() -> None:
+    gsm8k = load_problems(load_task("gsm8k"), FIXTURES / "hub" / HUB["gsm8k"])
+    assert [p.gold["answer"] for p in gsm8k] == ["72", "1000"]  # after '####', thousands separator dropped
+    assert [p.problem_id for p in gsm8k] == ["test-0", "test-1"]
+    aime = load_problems(load_task("aime25"), FIXTURES / "hub" / HUB["aime25"])
+    assert [(p.problem_id, p.gold["answer"]) for p in aime] == [("1", "70"), ("2", "588")]
+
+
+def test_gpqa_choices_are_shuffled_and_mapped_back() -> None:
+    problems = load_problems(load_task("gpqa-diamond"), FIXTURES / "hub" / HUB["gpqa-diamond"])
+    for i, problem in enumerate(problems):
+        letter = problem.gold["answer"]
+        assert f"({letter}) PRIVATE-CORRECT-{i}\n" in problem.prompt + "\n"
+    assert {p.gold["answer"] for p in problems} != {"A"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", list(HUB))
+def test_golden_prompt_with_the_smollm2_chat_template(task: str, smol) -> None:
+    problem = load_problems(load_task(task), FIXTURES / "hub" / HUB[task])[0]
+    rendered = smol.tokenizer.decode(smol.prompt_ids(problem.prompt))
+    golden = FIXTURES / "golden" / f"{task}.txt"
+    assert rendered == golden.read_text(), f"{task}: prompt changed; if on purpose, bump the task's version"
+
+
+def test_a_private_task_stores_and_shows_no_text(tmp_path: Path) -> None:
+    data = FIXTURES / "hub" / HUB["gpqa-diamond"]
+    result = subprocess.run(
+        [
+            KVBENCH,
+            "run",
+            "--model",
+            "tiny-qwen3",
+            "--task",
+            "gpqa-diamond",
+            "--data",
+            str(data),
+            "--policy",
+            "snapkv",
+            "--budget",
+            "384",
+            "--max-new-tokens",
+            "120",
+            "--samples",
+            "2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PRIVATE" not in result.stdout + result.stderr
+    for path in (tmp_path / "runs").rglob("*"):
+        if path.is_file():
+            assert b"PRIVATE" not in path.read_bytes(), path
+    con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
+    rows = con.execute("SELECT problem_id, output, secondary FROM samples").fetchall()
+    assert len(rows) == 3 * 3 * 2
+    assert all(output is None and "extracted" not in secondary for _, output, secondary in rows)
+    assert {problem for problem, _, _ in rows} == {"recFixture0", "recFixture1", "recFixture2"}
