@@ -6,7 +6,6 @@ length, eviction count. A private task's output text is never stored; only its p
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -15,7 +14,7 @@ from kvbench.adapters.hf.models import LoadedModel
 from kvbench.graders.choice import grade_choice
 from kvbench.graders.math import MathGrader
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import problem_key
+from kvbench.runner.store import sample_row
 from kvbench.task_data import Problem
 
 THINKING_FAMILIES = ("qwen3", "phi4-reasoning")
@@ -64,23 +63,23 @@ def score_generation(
         }
         if cell.task.visibility == "public":
             secondary["extracted"] = verdict.extracted
+        public = cell.task.visibility == "public"
         rows.append(
-            {
-                "run_id": run_id,
-                "task": cell.task.name,
-                "problem_id": problem.problem_id,
-                "problem_hash": problem_key(problem.problem_id),
-                "sample": i,
-                "seed": seed,
-                "metric": float(verdict.correct),
-                "correct": verdict.correct,
-                "strict_correct": verdict.correct and not truncated,
-                "finish_reason": sample.finish_reason,
-                "generated_tokens": sample.generated,
-                "evictions": sample.evictions,
-                "secondary": json.dumps(secondary),
-                "output": sample.text if cell.task.visibility == "public" else None,
-                "wall_seconds": seconds,
-            }
+            sample_row(
+                run_id,
+                cell.task.name,
+                problem.problem_id,
+                i,
+                seed,
+                metric=float(verdict.correct),
+                correct=verdict.correct,
+                strict_correct=verdict.correct and not truncated,
+                finish_reason=sample.finish_reason,
+                generated_tokens=sample.generated,
+                evictions=sample.evictions,
+                secondary=secondary,
+                output=sample.text if public else None,
+                wall_seconds=seconds,
+            )
         )
     return rows

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ from kvbench.adapters.hf.teacher import teacher_force
 from kvbench.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import problem_key
+from kvbench.runner.store import sample_row
 
 
 def probe_problems(cell: Cell, loaded: LoadedModel) -> list[ProbeProblem]:
@@ -99,22 +98,21 @@ def score_probe(
             }
         secondary["eviction_seconds"] = result.eviction_seconds / len(seeds)
         rows.append(
-            {
-                "run_id": run_id,
-                "task": cell.task.name,
-                "problem_id": problem.problem_id,
-                "problem_hash": problem_key(problem.problem_id),
-                "sample": i,
-                "seed": seed,
-                "metric": metric,
-                "correct": correct,
-                "strict_correct": correct,
-                "finish_reason": "teacher-forced",
-                "generated_tokens": len(continuation),
-                "evictions": result.eviction_events,
-                "secondary": json.dumps(secondary),
-                "output": None,
-                "wall_seconds": seconds,
-            }
+            sample_row(
+                run_id,
+                cell.task.name,
+                problem.problem_id,
+                i,
+                seed,
+                metric=metric,
+                correct=correct,
+                strict_correct=correct,
+                finish_reason="teacher-forced",
+                generated_tokens=len(continuation),
+                evictions=result.eviction_events,
+                secondary=secondary,
+                output=None,
+                wall_seconds=seconds,
+            )
         )
     return rows

@@ -53,6 +53,43 @@ def problem_key(problem_id: str) -> str:
     return hashlib.sha256(problem_id.encode()).hexdigest()[:16]
 
 
+def sample_row(
+    run_id: str,
+    task: str,
+    problem_id: str,
+    sample: int,
+    seed: int,
+    *,
+    metric: float,
+    correct: bool | None,
+    strict_correct: bool | None,
+    finish_reason: str,
+    generated_tokens: int,
+    evictions: int,
+    secondary: dict[str, Any],
+    output: str | None,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """One row of the samples table (SAMPLE_SCHEMA), the same for every kind of task."""
+    return {
+        "run_id": run_id,
+        "task": task,
+        "problem_id": problem_id,
+        "problem_hash": problem_key(problem_id),
+        "sample": sample,
+        "seed": seed,
+        "metric": metric,
+        "correct": correct,
+        "strict_correct": strict_correct,
+        "finish_reason": finish_reason,
+        "generated_tokens": generated_tokens,
+        "evictions": evictions,
+        "secondary": json.dumps(secondary),
+        "output": output,
+        "wall_seconds": wall_seconds,
+    }
+
+
 def _atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
