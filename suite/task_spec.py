@@ -41,6 +41,12 @@ class Fields(StrictSpec):
     """Choice: the correct option (shown shuffled, never first by construction)."""
     incorrect: list[str] | None = None
     """Choice: the incorrect options."""
+    tests: list[str] | None = None
+    """Code: the columns holding test cases (JSON, or base64+zlib+pickled JSON as LiveCodeBench ships)."""
+    metadata: str | None = None
+    """Code: the JSON column naming the method of functional problems (``func_name``)."""
+    starter_code: str | None = None
+    """Code: the column holding the class/method skeleton of functional problems."""
 
 
 class HubDataset(StrictSpec):
@@ -51,7 +57,8 @@ class HubDataset(StrictSpec):
     revision: str
     config: str | None = None
     split: str = "test"
-    data_files: list[str] | None = None
+    data_files: dict[str, list[str]] | None = None
+    """Raw files per split, read directly (LiveCodeBench's loading script no longer runs on datasets 4+)."""
     fields: Fields
     where: dict[str, str] = pydantic.Field(default_factory=dict)
     """Keep rows whose column equals this value (e.g. difficulty: medium)."""
@@ -69,7 +76,7 @@ class TaskSpec(StrictSpec):
     source: Source
     metric: str
     """The primary metric, higher is better (e.g. exact retrieval, top-1 agreement with the full cache)."""
-    grader: Literal["probe", "math", "choice"] = "probe"
+    grader: Literal["probe", "math", "choice", "code"] = "probe"
     answer_kind: Literal["latex", "integer"] = "latex"
     """Math: how the gold answer is parsed (integer for AIME, LaTeX for MATH-500)."""
     prompt: str = "{question}"
@@ -94,6 +101,8 @@ class TaskSpec(StrictSpec):
                 raise ValueError("a math task needs `fields.answer`")
             if self.grader == "choice" and (fields.correct is None or not fields.incorrect):
                 raise ValueError("a choice task needs `fields.correct` and `fields.incorrect`")
+            if self.grader == "code" and not fields.tests:
+                raise ValueError("a code task needs `fields.tests`")
         return self
 
     def reference_n_avg(self, model: str) -> float | None:

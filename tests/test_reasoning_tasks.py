@@ -20,6 +20,7 @@ HUB = {
     "aime25": "MathArena/aime_2025",
     "aime26": "MathArena/aime_2026",
     "hmmt25": "MathArena/hmmt_feb_2025",
+    "lcb-v6": "livecodebench/code_generation_lite",
 }
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
@@ -29,7 +30,9 @@ def test_task_loads_from_its_fixture(task: str) -> None:
     spec = load_task(task)
     problems = load_problems(spec, FIXTURES / "hub" / HUB[task])
     assert len(problems) >= 2 and len({p.problem_id for p in problems}) == len(problems)
-    assert all("{question}" not in p.prompt and p.gold["answer"] for p in problems)
+    assert all("{question}" not in p.prompt and p.gold for p in problems)
+    if spec.grader == "code":
+        assert {p.problem_id for p in problems} == {"fx1", "fx2"}  # the medium ones, across the six files
     if spec.grader == "math":
         assert all(
             p.prompt.endswith("Please reason step by step, and put your final answer within \\boxed{}.")
@@ -99,3 +102,51 @@ def test_a_private_task_stores_and_shows_no_text(tmp_path: Path) -> None:
     assert len(rows) == 3 * 3 * 2
     assert all(output is None and "extracted" not in secondary for _, output, secondary in rows)
     assert {problem for problem, _, _ in rows} == {"recFixture0", "recFixture1", "recFixture2"}
+
+
+def test_livecodebench_tests_decode_from_both_encodings() -> None:
+    problems = {p.problem_id: p for p in load_problems(load_task("lcb-v6"), FIXTURES / "hub" / HUB["lcb-v6"])}
+    stdin, functional = problems["fx1"].gold, problems["fx2"].gold
+    assert [t.output for t in stdin["tests"]] == ["7\n", "8\n"]  # public JSON + private base64/zlib/pickle
+    assert functional["function"] == "scale" and [t.kind for t in functional["tests"]] == ["functional"] * 2
+
+
+def test_a_pickled_dataset_field_cannot_load_code() -> None:
+    import base64
+    import pickle
+    import zlib
+
+    from kvbench.task_data import decode_tests
+
+    hostile = base64.b64encode(zlib.compress(pickle.dumps(print))).decode()
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load builtins\.print"):
+        decode_tests(hostile)
+
+
+def test_code_tasks_refuse_to_start_without_permission(tmp_path: Path) -> None:
+    data = FIXTURES / "hub" / HUB["lcb-v6"]
+    base = [
+        KVBENCH,
+        "run",
+        "--model",
+        "tiny-qwen3",
+        "--task",
+        "lcb-v6",
+        "--data",
+        str(data),
+        "--policy",
+        "snapkv",
+        "--budget",
+        "384",
+        "--max-new-tokens",
+        "64",
+        "--quiet",
+    ]
+    refused = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert refused.returncode == 2 and "--allow-code-execution" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+    allowed = subprocess.run(
+        [*base, "--allow-code-execution"], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert "lcb-v6 on tiny-qwen3" in allowed.stdout

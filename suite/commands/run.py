@@ -24,6 +24,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     budget.add_argument("--ratio", type=float, help="K = N_avg / ratio (default: the protocol's)")
     run.add_argument("--samples", type=int, help="samples per problem (default: the task's)")
     run.add_argument("--max-new-tokens", type=int, help="cap on generated tokens (default: the task's)")
+    run.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help="let code tasks run model-written programs in the sandbox",
+    )
     run.add_argument("--limit", type=int, help="at most this many problems per task")
     run.add_argument("--seed", type=int, help="the protocol seed (default: the protocol's)")
     run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
@@ -76,6 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
         baselines=not args.no_baselines,
         data=str(args.data.resolve()) if args.data else None,
         max_new_tokens=args.max_new_tokens,
+        allow_code_execution=args.allow_code_execution,
     )
     cells = plan(request)
     timings = run_cells(cells, args.out, device=args.device, progress=not args.quiet)

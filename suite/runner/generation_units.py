@@ -12,6 +12,7 @@ from typing import Any
 from kvbench.adapters.hf.decode import Sampling, generate
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.graders.choice import grade_choice
+from kvbench.graders.code import grade_code
 from kvbench.graders.math import MathGrader
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import sample_row
@@ -48,7 +49,11 @@ def score_generation(
     thinking = family in THINKING_FAMILIES
     rows = []
     for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
-        if cell.task.grader == "choice":
+        if cell.task.grader == "code":
+            verdict = grade_code(
+                sample.text, problem.gold["tests"], problem.gold["function"], thinking=thinking
+            )
+        elif cell.task.grader == "choice":
             verdict = grade_choice(sample.text, problem.gold["answer"], thinking=thinking)
         else:
             verdict = math_grader.grade(
@@ -62,7 +67,7 @@ def score_generation(
             "eviction_seconds": result.eviction_seconds / len(seeds),
         }
         if cell.task.visibility == "public":
-            secondary["extracted"] = verdict.extracted
+            secondary["extracted"] = getattr(verdict, "extracted", None) or getattr(verdict, "failed", None)
         public = cell.task.visibility == "public"
         rows.append(
             sample_row(

@@ -75,6 +75,8 @@ class RunRequest:
     """A local copy of the (single) task's dataset in the hub's layout, replacing the hub."""
     max_new_tokens: int | None = None
     """Caps the generated tokens of reasoning tasks (part of the task, hence of the identity)."""
+    allow_code_execution: bool = False
+    """Code tasks run model-written programs (sandboxed); they refuse to start without this."""
 
 
 def _make_cell(
@@ -120,6 +122,12 @@ def plan(request: RunRequest) -> list[Cell]:
         protocol = protocol.model_copy(update={"seed": request.seed})
     models = [load_model_spec(m) for m in (request.models or suite.models)]
     tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
+    running_code = [t.name for t in tasks if t.grader == "code"]
+    if running_code and not request.allow_code_execution:
+        raise SpecError(
+            f"task(s) {', '.join(running_code)} run model-written code (each test in a sandboxed subprocess "
+            "with CPU, memory, wall-clock and network limits): pass --allow-code-execution to run them"
+        )
     if request.max_new_tokens is not None:
         tasks = [t.model_copy(update={"max_new_tokens": request.max_new_tokens}) for t in tasks]
     if request.data is not None and (len(tasks) != 1 or tasks[0].source.kind != "hub-dataset"):
