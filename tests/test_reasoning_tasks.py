@@ -150,3 +150,57 @@ def test_code_tasks_refuse_to_start_without_permission(tmp_path: Path) -> None:
     )
     assert allowed.returncode == 0, allowed.stderr
     assert "lcb-v6 on tiny-qwen3" in allowed.stdout
+
+
+def test_grade_regrades_stored_outputs_and_replaces_their_rows(tmp_path: Path) -> None:
+    import json
+
+    import pyarrow.parquet as pq
+
+    data = FIXTURES / "hub" / HUB["gsm8k"]
+    run = subprocess.run(
+        [
+            KVBENCH,
+            "run",
+            "--model",
+            "tiny-qwen3",
+            "--task",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--policy",
+            "snapkv",
+            "--budget",
+            "384",
+            "--max-new-tokens",
+            "40",
+            "--no-baselines",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    (folder,) = (tmp_path / "runs" / "shards").iterdir()
+    shard = sorted(folder.glob("*.parquet"))[0]
+    rows = pq.read_table(shard).to_pylist()
+    assert rows[0]["output"] and rows[0]["correct"] is False  # the tiny model writes noise
+    rows[0].update(correct=True, metric=1.0)  # as a buggy grader might have said
+    pq.write_table(pq.read_table(shard).from_pylist(rows, schema=pq.read_table(shard).schema), shard)
+    subprocess.run([KVBENCH, "ingest"], cwd=tmp_path, check=True, capture_output=True)
+
+    def stored() -> tuple:
+        con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
+        try:
+            return con.execute("SELECT sum(metric), count(*), any_value(secondary) FROM samples").fetchone()
+        finally:
+            con.close()
+
+    assert stored()[:2] == (1.0, 2)
+    graded = subprocess.run([KVBENCH, "grade", folder.name[:8]], capture_output=True, text=True, cwd=tmp_path)
+    assert graded.returncode == 0, graded.stderr
+    assert f"re-graded 2 samples of run {folder.name}: 1 verdicts changed" in graded.stdout
+    total, count, secondary = stored()
+    assert (total, count) == (0.0, 2) and json.loads(secondary)["grader"].startswith("math-1")

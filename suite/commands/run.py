@@ -48,6 +48,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     validate.set_defaults(func=validate_command)
 
+    grade = commands.add_parser("grade", help="grade a run's stored outputs again, without regenerating")
+    grade.add_argument("run", help="run id (or a unique prefix), as in runs/shards/")
+    grade.add_argument("--out", type=Path, default=Path("runs"))
+    grade.add_argument("--allow-code-execution", action="store_true")
+    grade.set_defaults(func=grade_command)
+
     ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
     ingest.add_argument("--out", type=Path, default=Path("runs"))
     ingest.set_defaults(func=ingest_command)
@@ -130,6 +136,16 @@ def validate_command(args: argparse.Namespace) -> int:
     checked = validate_paths(args.path)
     for kind, name in checked:
         print(f"ok\t{kind}\t{name}")
+    return 0
+
+
+def grade_command(args: argparse.Namespace) -> int:
+    from kvbench.runner.ingest import ingest
+    from kvbench.runner.regrade import regrade
+
+    report = regrade(args.out, args.run, allow_code_execution=args.allow_code_execution)
+    ingest(args.out)
+    print(f"re-graded {report.samples} samples of run {report.run_id}: {report.changed} verdicts changed")
     return 0
 
 

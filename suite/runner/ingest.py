@@ -19,7 +19,9 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 1
+from kvbench.errors import PrerequisiteError
+
+SCHEMA_VERSION = 2
 DATABASE = "kvbench.duckdb"
 SNAPSHOT = "kvbench.snapshot.duckdb"
 
@@ -39,7 +41,7 @@ CREATE TABLE IF NOT EXISTS samples (
     evictions INTEGER, secondary JSON, output VARCHAR, wall_seconds DOUBLE,
     PRIMARY KEY (run_id, problem_id, sample)
 );
-CREATE TABLE IF NOT EXISTS ingested_files (path VARCHAR PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS ingested_files (path VARCHAR PRIMARY KEY, fingerprint VARCHAR);
 """
 
 
@@ -50,6 +52,11 @@ class IngestReport:
     database: Path
     snapshot: Path
     """The copy readers open (read-only), so that they never hold a lock a writer needs."""
+
+
+def _fingerprint(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
 @contextmanager
@@ -103,20 +110,28 @@ def ingest(root: Path) -> IngestReport:
         con = duckdb.connect(str(database))
         try:
             con.execute(SCHEMA)
+            found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if found is not None and found[0] != str(SCHEMA_VERSION):
+                raise PrerequisiteError(
+                    f"{database} has schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: the shards are "
+                    f"the source of truth, so delete {database} and run `kvbench ingest --out {root}`"
+                )
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
             manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
             for path in manifests:
                 row = _run_row(json.loads(path.read_text()))
                 con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
-            done = {r[0] for r in con.execute("SELECT path FROM ingested_files").fetchall()}
-            files = sorted(str(p) for p in shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
-            new = [f for f in files if os.path.relpath(f, root) not in done]
+            done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
+            files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
+            seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
+            new = [str(root / path) for path, print_ in seen.items() if done.get(path) != print_]
             if new:
+                # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts
                 con.execute("BEGIN TRANSACTION")
-                con.execute("INSERT OR IGNORE INTO samples SELECT * FROM read_parquet(?)", [new])
+                con.execute("INSERT OR REPLACE INTO samples SELECT * FROM read_parquet(?)", [new])
                 con.executemany(
-                    "INSERT OR IGNORE INTO ingested_files VALUES (?)",
-                    [[os.path.relpath(f, root)] for f in new],
+                    "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
+                    [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
                 )
                 con.execute("COMMIT")
             con.execute("CHECKPOINT")

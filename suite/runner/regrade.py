@@ -1,0 +1,82 @@
+"""``kvbench grade RUN``: grade a run's stored outputs again (after a grader fix), without regenerating.
+
+Each problem's shard is rewritten (atomically) with the new verdicts and the grader version that gave
+them; ingest then replaces those rows. Private tasks store no output, so they cannot be re-graded:
+rerun them instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from kvbench.errors import SpecError
+from kvbench.graders.choice import grade_choice
+from kvbench.graders.code import grade_code
+from kvbench.graders.math import MathGrader
+from kvbench.runner.generation_units import THINKING_FAMILIES
+from kvbench.runner.store import ShardStore
+from kvbench.task_data import load_problems
+from kvbench.task_spec import TaskSpec
+
+
+@dataclass(frozen=True)
+class RegradeReport:
+    run_id: str
+    samples: int
+    changed: int
+
+
+def find_run(root: Path, run: str) -> Path:
+    matches = [p for p in (root / "shards").glob(f"{run}*") if (p / "manifest.json").is_file()]
+    if len(matches) != 1:
+        known = sorted(p.name for p in (root / "shards").glob("*") if p.is_dir())
+        raise SpecError(
+            f"run {run!r} matches {len(matches)} runs under {root / 'shards'}; known: {', '.join(known)}"
+        )
+    return matches[0]
+
+
+def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> RegradeReport:
+    folder = find_run(root, run)
+    spec = json.loads((folder / "manifest.json").read_text())["spec"]
+    task = TaskSpec.model_validate(spec["task"])
+    if task.grader == "probe":
+        raise SpecError(f"run {folder.name} is a probe ({task.name}): its scores are not graded outputs")
+    if task.visibility == "private":
+        raise SpecError(f"task {task.name!r} is private: its outputs were never stored; rerun it instead")
+    if task.grader == "code" and not allow_code_execution:
+        raise SpecError("re-grading code runs model-written programs: pass --allow-code-execution")
+    data = Path(spec["data"]["path"]) if spec.get("data") else None
+    problems = {p.problem_id: p for p in load_problems(task, data)}
+    thinking = spec["model"]["family"] in THINKING_FAMILIES
+    store = ShardStore(root, folder.name)
+    samples = changed = 0
+    with MathGrader() as math:
+        for shard in sorted(folder.glob("*.parquet")):
+            rows = pq.read_table(shard).to_pylist()
+            for row in rows:
+                gold = problems[row["problem_id"]].gold
+                if task.grader == "code":
+                    verdict = grade_code(row["output"], gold["tests"], gold["function"], thinking=thinking)
+                elif task.grader == "choice":
+                    verdict = grade_choice(row["output"], gold["answer"], thinking=thinking)
+                else:
+                    verdict = math.grade(
+                        row["output"], gold["answer"], kind=task.answer_kind, thinking=thinking
+                    )
+                secondary = json.loads(row["secondary"])
+                changed += int(verdict.correct != row["correct"])
+                secondary.update(no_answer=verdict.no_answer, grader=verdict.version)
+                row.update(
+                    metric=float(verdict.correct),
+                    correct=verdict.correct,
+                    secondary=json.dumps(secondary),
+                    strict_correct=verdict.correct and not secondary.get("truncated", False),
+                )
+                samples += 1
+            store.write(rows[0]["problem_id"], rows)
+    return RegradeReport(folder.name, samples, changed)
