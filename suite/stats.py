@@ -41,3 +41,86 @@ def paired_difference(arm: Mapping[str, float], other: Mapping[str, float], **kw
     """Mean over shared problems of arm − other, with a bootstrap CI over those problems."""
     shared = sorted(set(arm) & set(other))
     return bootstrap_mean(np.array([arm[p] - other[p] for p in shared]), **kwargs)
+
+
+Verdict = str  # "beats null" | "ties null" | "loses to null"
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """A policy against a baseline on the problems both arms share, matched by problem id."""
+
+    difference: Estimate
+    wins: int
+    ties: int
+    losses: int
+    p_value: float
+    """Exact two-sided sign test on the non-tied problems (scipy.stats.binomtest)."""
+    excluded: tuple[str, ...]
+    """Problems present in only one arm: left out, and reported."""
+    p_adjusted: float | None = None
+    verdict: Verdict | None = None
+
+
+def compare_arms(arm: Mapping[str, float], baseline: Mapping[str, float], **kwargs) -> PairedComparison:
+    """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems."""
+    from scipy.stats import binomtest
+
+    shared = sorted(set(arm) & set(baseline))
+    excluded = tuple(sorted(set(arm) ^ set(baseline)))
+    deltas = np.array([arm[p] - baseline[p] for p in shared])
+    wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
+    decided = wins + losses
+    p_value = float(binomtest(wins, decided, 0.5).pvalue) if decided else 1.0
+    return PairedComparison(
+        difference=bootstrap_mean(deltas, **kwargs),
+        wins=wins,
+        ties=len(shared) - decided,
+        losses=losses,
+        p_value=p_value,
+        excluded=excluded,
+    )
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment: family-wise error control across the policies in one table."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, (len(p_values) - rank) * p_values[index])
+        adjusted[index] = min(1.0, running)
+    return adjusted
+
+
+def verdicts(comparisons: list[PairedComparison], alpha: float = 0.05) -> list[PairedComparison]:
+    """Holm-corrected verdicts: a policy beats (or loses to) the null only when the corrected test says so."""
+    from dataclasses import replace
+
+    adjusted = holm([c.p_value for c in comparisons])
+    out = []
+    for comparison, p in zip(comparisons, adjusted, strict=True):
+        if p < alpha:
+            verdict = "beats null" if comparison.wins > comparison.losses else "loses to null"
+        else:
+            verdict = "ties null"
+        out.append(replace(comparison, p_adjusted=p, verdict=verdict))
+    return out
+
+
+def resolvable_difference(problems: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest win-rate excess over 1/2 a sign test on ``problems`` untied problems detects at ``power``.
+
+    A power note for the tables: with 30 AIME problems, effects below this are not resolvable.
+    """
+    from scipy.stats import binom
+
+    if problems == 0:
+        return float("nan")
+    for excess in np.arange(0.0, 0.5001, 0.005):
+        rate = 0.5 + excess
+        # the critical count of a two-sided exact test at alpha, on the upper side
+        critical = int(binom.isf(alpha / 2, problems, 0.5)) + 1
+        if binom.sf(critical - 1, problems, rate) >= power:
+            return float(excess)
+    return 0.5

@@ -71,6 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.runner.ingest import ingest
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.runner.report import as_dicts, build_report
+    from kvbench.stats import resolvable_difference
 
     started = time.perf_counter()
     request = RunRequest(
@@ -98,24 +99,45 @@ def run_command(args: argparse.Namespace) -> int:
     for model, task in dict.fromkeys((r.model, r.task) for r in rows):
         group = [r for r in rows if (r.model, r.task) == (model, task)]
         table = Table(title=f"{task} on {model} ({group[0].metric}, higher is better; 95% CI over problems)")
-        for column in ("policy", "K", "K/N_avg", "score", "Δ vs null", "Δ vs full", "problems × samples"):
-            table.add_column(column, justify="left" if column == "policy" else "right")
+        columns = (
+            "policy",
+            "K",
+            "K/N_avg",
+            "score",
+            "Δ vs null",
+            "W/T/L",
+            "verdict (Holm)",
+            "Δ vs full",
+            "problems × samples",
+        )
+        for column in columns:
+            table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
         for r in group:
             name = {"null": f"{r.policy} (null)", "reference": f"{r.policy} (reference)"}.get(
                 r.role, r.policy
             )
             budget = "—" if r.role == "reference" else str(r.budget)
             ratio = "—" if r.role == "reference" else f"{r.k_over_n_avg:.2f}"
+            test = r.null_test
+            wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
+            verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"
             table.add_row(
                 name,
                 budget,
                 ratio,
                 _estimate(r.score),
                 _estimate(r.vs_null, True),
+                wtl,
+                verdict,
                 _estimate(r.vs_full, True),
                 f"{r.problems} × {r.samples}",
             )
         console.print(table)
+        problems = group[0].problems
+        console.print(
+            f"power note: with {problems} problems a sign test detects (80% power, 5% level) only policies "
+            f"that win at least {0.5 + resolvable_difference(problems):.0%} of the problems they do not tie"
+        )
     wall = time.perf_counter() - started
     console.print(
         f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "

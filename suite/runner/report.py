@@ -10,7 +10,14 @@ from pathlib import Path
 import duckdb
 
 from kvbench.runner.plan import Cell
-from kvbench.stats import Estimate, bootstrap_mean, paired_difference
+from kvbench.stats import (
+    Estimate,
+    PairedComparison,
+    bootstrap_mean,
+    compare_arms,
+    paired_difference,
+    verdicts,
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,8 @@ class ReportRow:
     vs_full: Estimate | None
     problems: int
     samples: int
+    null_test: PairedComparison | None = None
+    """Sign test against the null with its Holm-corrected verdict (policies under test only)."""
 
 
 def problem_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
@@ -65,7 +74,23 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
                 samples=cell.samples,
             )
         )
-    return rows
+    return _with_verdicts(rows, cells, scores)
+
+
+def _with_verdicts(rows: list[ReportRow], cells: Sequence[Cell], scores: dict) -> list[ReportRow]:
+    """Sign tests of each policy against its null, Holm-corrected across the policies of one table."""
+    from dataclasses import replace
+
+    tests: dict[int, PairedComparison] = {}
+    for key in dict.fromkeys((c.model.name, c.task.name, c.budget) for c in cells):
+        group = [i for i, c in enumerate(cells) if (c.model.name, c.task.name, c.budget) == key]
+        null = next((cells[i] for i in group if cells[i].role == "null"), None)
+        policies = [i for i in group if cells[i].role == "policy"]
+        if null is None or not policies:
+            continue
+        compared = verdicts([compare_arms(scores[cells[i].run_id], scores[null.run_id]) for i in policies])
+        tests.update(zip(policies, compared, strict=True))
+    return [replace(row, null_test=tests.get(i)) for i, row in enumerate(rows)]
 
 
 def as_dicts(rows: Sequence[ReportRow]) -> list[dict]:
