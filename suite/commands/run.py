@@ -54,6 +54,21 @@ def register(commands: argparse._SubParsersAction) -> None:
     grade.add_argument("--allow-code-execution", action="store_true")
     grade.set_defaults(func=grade_command)
 
+    cmp = commands.add_parser("compare", help="every stored policy against the null, with verdicts")
+    cmp.add_argument(
+        "--db",
+        type=Path,
+        default=Path("runs") / "kvbench.snapshot.duckdb",
+        help="database to read (default: the published snapshot in runs/)",
+    )
+    cmp.add_argument("--model")
+    cmp.add_argument("--task")
+    cmp.add_argument("--protocol")
+    cmp.add_argument("--budget", type=int)
+    cmp.add_argument("--against", default="random", help="the baseline policy (default: random, the null)")
+    cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
+    cmp.set_defaults(func=compare_command)
+
     ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
     ingest.add_argument("--out", type=Path, default=Path("runs"))
     ingest.set_defaults(func=ingest_command)
@@ -168,6 +183,41 @@ def grade_command(args: argparse.Namespace) -> int:
     report = regrade(args.out, args.run, allow_code_execution=args.allow_code_execution)
     ingest(args.out)
     print(f"re-graded {report.samples} samples of run {report.run_id}: {report.changed} verdicts changed")
+    return 0
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from kvbench.errors import PrerequisiteError
+    from kvbench.runner.compare import Filters, compare, render
+
+    if not args.db.is_file():
+        raise PrerequisiteError(
+            f"no results database at {args.db}: run `kvbench run` (or `kvbench ingest`) first"
+        )
+    rows = compare(args.db, Filters(args.model, args.task, args.protocol, args.budget, args.against))
+    if args.format != "table":
+        print(render(rows, args.format))
+        return 0
+    if not rows:
+        console.print("no stored policy matches these filters with a baseline run beside it")
+        return 0
+    table = Table(title=f"policies against {args.against} (Holm-corrected sign tests over problems)")
+    for column in ("model", "task", "K", "policy", "score", "Δ vs baseline", "W/T/L", "verdict", "Δ vs full"):
+        table.add_column(column)
+    for r in rows:
+        full = "—" if r["delta_full"] is None else f"{r['delta_full']:+.3f}"
+        table.add_row(
+            r["model"],
+            r["task"],
+            str(r["budget"]),
+            r["policy"],
+            f"{r['score']:.3f} [{r['score_low']:.3f}, {r['score_high']:.3f}]",
+            f"{r['delta']:+.3f} [{r['delta_low']:+.3f}, {r['delta_high']:+.3f}]",
+            f"{r['wins']}/{r['ties']}/{r['losses']}",
+            f"{r['verdict']} (p={r['p_holm']:.3f})",
+            full,
+        )
+    console.print(table)
     return 0
 
 

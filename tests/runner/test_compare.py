@@ -1,0 +1,54 @@
+"""kvbench compare: the stored policies against the null, as a table, JSON, CSV or Markdown."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_compare_formats_and_filters(tmp_path: Path) -> None:
+    missing = kvbench("compare", cwd=tmp_path)
+    assert missing.returncode == 2 and "run `kvbench run`" in missing.stderr
+    run = kvbench(
+        "run",
+        "--model",
+        "tiny-qwen3",
+        "--task",
+        "fidelity",
+        "--policy",
+        "snapkv",
+        "--policy",
+        "streaming",
+        "--limit",
+        "3",
+        "--quiet",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(kvbench("compare", "--format", "json", cwd=tmp_path).stdout)
+    assert [(r["policy"], r["budget"], r["problems"]) for r in rows] == [
+        ("snapkv", 256, 3),
+        ("streaming", 256, 3),
+    ]
+    assert all(r["verdict"] in ("beats null", "ties null", "loses to null") for r in rows)
+    assert all(r["wins"] + r["ties"] + r["losses"] == 3 and r["delta_full"] < 0 for r in rows)
+    table = list(csv.DictReader(io.StringIO(kvbench("compare", "--format", "csv", cwd=tmp_path).stdout)))
+    assert [row["policy"] for row in table] == ["snapkv", "streaming"]
+    markdown = kvbench("compare", "--format", "markdown", cwd=tmp_path).stdout
+    assert markdown.splitlines()[0].startswith("| model | task | K | policy |") and "| snapkv |" in markdown
+    against = json.loads(
+        kvbench("compare", "--against", "streaming", "--format", "json", cwd=tmp_path).stdout
+    )
+    assert {r["policy"] for r in against} == {"snapkv", "random"}
+    injected = kvbench("compare", "--task", "' OR 1=1 --", "--format", "json", cwd=tmp_path)
+    assert injected.returncode == 0 and json.loads(injected.stdout) == []
