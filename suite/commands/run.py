@@ -188,7 +188,7 @@ def grade_command(args: argparse.Namespace) -> int:
 
 def compare_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
-    from kvbench.runner.compare import Filters, compare, render
+    from kvbench.runner.compare import Filters, compare, formatted, render
 
     if not args.db.is_file():
         raise PrerequisiteError(
@@ -205,17 +205,17 @@ def compare_command(args: argparse.Namespace) -> int:
     for column in ("model", "task", "K", "policy", "score", "Δ vs baseline", "W/T/L", "verdict", "Δ vs full"):
         table.add_column(column)
     for r in rows:
-        full = "—" if r["delta_full"] is None else f"{r['delta_full']:+.3f}"
+        cells = formatted(r)
         table.add_row(
             r["model"],
             r["task"],
             str(r["budget"]),
             r["policy"],
-            f"{r['score']:.3f} [{r['score_low']:.3f}, {r['score_high']:.3f}]",
-            f"{r['delta']:+.3f} [{r['delta_low']:+.3f}, {r['delta_high']:+.3f}]",
-            f"{r['wins']}/{r['ties']}/{r['losses']}",
-            f"{r['verdict']} (p={r['p_holm']:.3f})",
-            full,
+            cells["score"],
+            cells["delta"],
+            cells["wtl"],
+            cells["verdict"],
+            cells["full"],
         )
     console.print(table)
     return 0

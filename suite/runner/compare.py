@@ -121,6 +121,7 @@ def render(rows: list[dict], fmt: str) -> str:
     header = ("model", "task", "K", "policy", "score [95% CI]", "Δ vs null [95% CI]", "W/T/L", "verdict")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
+        cells = formatted(r)
         lines.append(
             "| "
             + " | ".join(
@@ -129,12 +130,23 @@ def render(rows: list[dict], fmt: str) -> str:
                     r["task"],
                     str(r["budget"]),
                     r["policy"],
-                    f"{r['score']:.3f} [{r['score_low']:.3f}, {r['score_high']:.3f}]",
-                    f"{r['delta']:+.3f} [{r['delta_low']:+.3f}, {r['delta_high']:+.3f}]",
-                    f"{r['wins']}/{r['ties']}/{r['losses']}",
-                    f"{r['verdict']} (p={r['p_holm']:.3f})",
+                    cells["score"],
+                    cells["delta"],
+                    cells["wtl"],
+                    cells["verdict"],
                 )
             )
             + " |"
         )
     return "\n".join(lines)
+
+
+def formatted(row: dict) -> dict[str, str]:
+    """The human-readable cells of one comparison row (shared by the table and Markdown outputs)."""
+    return {
+        "score": f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
+        "delta": f"{row['delta']:+.3f} [{row['delta_low']:+.3f}, {row['delta_high']:+.3f}]",
+        "wtl": f"{row['wins']}/{row['ties']}/{row['losses']}",
+        "verdict": f"{row['verdict']} (p={row['p_holm']:.3f})",
+        "full": "—" if row["delta_full"] is None else f"{row['delta_full']:+.3f}",
+    }
