@@ -100,7 +100,7 @@ def test_a_private_task_stores_and_shows_no_text(tmp_path: Path) -> None:
     con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
     rows = con.execute("SELECT problem_id, output, secondary FROM samples").fetchall()
     assert len(rows) == 3 * 3 * 2
-    assert all(output is None and "extracted" not in secondary for _, output, secondary in rows)
+    assert all(output is None and "detail" not in secondary for _, output, secondary in rows)
     assert {problem for problem, _, _ in rows} == {"recFixture0", "recFixture1", "recFixture2"}
 
 

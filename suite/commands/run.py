@@ -188,7 +188,7 @@ def grade_command(args: argparse.Namespace) -> int:
 
 def compare_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
-    from kvbench.runner.compare import Filters, compare, formatted, render
+    from kvbench.runner.compare import HEADER, Filters, compare, display_cells, render
 
     if not args.db.is_file():
         raise PrerequisiteError(
@@ -202,21 +202,10 @@ def compare_command(args: argparse.Namespace) -> int:
         console.print("no stored policy matches these filters with a baseline run beside it")
         return 0
     table = Table(title=f"policies against {args.against} (Holm-corrected sign tests over problems)")
-    for column in ("model", "task", "K", "policy", "score", "Δ vs baseline", "W/T/L", "verdict", "Δ vs full"):
+    for column in HEADER:
         table.add_column(column)
     for r in rows:
-        cells = formatted(r)
-        table.add_row(
-            r["model"],
-            r["task"],
-            str(r["budget"]),
-            r["policy"],
-            cells["score"],
-            cells["delta"],
-            cells["wtl"],
-            cells["verdict"],
-            cells["full"],
-        )
+        table.add_row(*display_cells(r))
     console.print(table)
     return 0
 

@@ -52,6 +52,11 @@ class ChoiceVerdict:
     extracted: str | None
     version: str = GRADER_VERSION
 
+    @property
+    def detail(self) -> str | None:
+        """The letter the grader read."""
+        return self.extracted
+
 
 def grade_choice(output: str, answer: str, *, thinking: bool = False) -> ChoiceVerdict:
     final = final_answer(output, thinking=thinking)

@@ -55,6 +55,11 @@ class CodeVerdict:
     """Why the first failing test failed (timeout, memory, wrong answer, error)."""
     version: str = GRADER_VERSION
 
+    @property
+    def detail(self) -> str | None:
+        """Why the first failing test failed (the code itself is kept in the output)."""
+        return self.failed
+
 
 def extract_code(text: str) -> str | None:
     blocks = _BLOCK.findall(text)

@@ -26,6 +26,11 @@ class MathVerdict:
     grader_timeout: bool = False
     version: str = GRADER_VERSION
 
+    @property
+    def detail(self) -> str | None:
+        """What the grader read as the answer."""
+        return self.extracted
+
 
 def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]:
     """Runs in a worker: parse gold and prediction (boxed first), then verify."""

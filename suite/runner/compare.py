@@ -118,35 +118,34 @@ def render(rows: list[dict], fmt: str) -> str:
         writer.writeheader()
         writer.writerows(rows)
         return buffer.getvalue()
-    header = ("model", "task", "K", "policy", "score [95% CI]", "Δ vs null [95% CI]", "W/T/L", "verdict")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = formatted(r)
-        lines.append(
-            "| "
-            + " | ".join(
-                (
-                    r["model"],
-                    r["task"],
-                    str(r["budget"]),
-                    r["policy"],
-                    cells["score"],
-                    cells["delta"],
-                    cells["wtl"],
-                    cells["verdict"],
-                )
-            )
-            + " |"
-        )
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(display_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def formatted(row: dict) -> dict[str, str]:
-    """The human-readable cells of one comparison row (shared by the table and Markdown outputs)."""
-    return {
-        "score": f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
-        "delta": f"{row['delta']:+.3f} [{row['delta_low']:+.3f}, {row['delta_high']:+.3f}]",
-        "wtl": f"{row['wins']}/{row['ties']}/{row['losses']}",
-        "verdict": f"{row['verdict']} (p={row['p_holm']:.3f})",
-        "full": "—" if row["delta_full"] is None else f"{row['delta_full']:+.3f}",
-    }
+HEADER = (
+    "model",
+    "task",
+    "K",
+    "policy",
+    "score [95% CI]",
+    "Δ vs baseline [95% CI]",
+    "W/T/L",
+    "verdict",
+    "Δ vs full",
+)
+
+
+def display_cells(row: dict) -> list[str]:
+    """The human-readable cells of one comparison row, in HEADER order (table and Markdown alike)."""
+    return [
+        row["model"],
+        row["task"],
+        str(row["budget"]),
+        row["policy"],
+        f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
+        f"{row['delta']:+.3f} [{row['delta_low']:+.3f}, {row['delta_high']:+.3f}]",
+        f"{row['wins']}/{row['ties']}/{row['losses']}",
+        f"{row['verdict']} (p={row['p_holm']:.3f})",
+        "—" if row["delta_full"] is None else f"{row['delta_full']:+.3f}",
+    ]

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvbench.calibration import QueryStats
 from kvbench.errors import BudgetError
 from kvbench.graders.math import MathGrader
+from kvbench.probes.problems import ProbeProblem
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
@@ -58,7 +59,7 @@ def cell_problems(cell: Cell, loaded) -> list:
 
 
 def prompt_length(problem, loaded) -> int:
-    if hasattr(problem, "pieces"):
+    if isinstance(problem, ProbeProblem):
         return len(encode_problem(problem, loaded)[0])
     return len(loaded.prompt_ids(problem.prompt))
 

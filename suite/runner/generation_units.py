@@ -66,9 +66,9 @@ def score_generation(
             "grader": verdict.version,
             "eviction_seconds": result.eviction_seconds / len(seeds),
         }
-        if cell.task.visibility == "public":
-            secondary["extracted"] = getattr(verdict, "extracted", None) or getattr(verdict, "failed", None)
         public = cell.task.visibility == "public"
+        if public:
+            secondary["detail"] = verdict.detail
         rows.append(
             sample_row(
                 run_id,
