@@ -6,7 +6,7 @@ not independent. Differences between two arms are paired on the problems both ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,10 +37,19 @@ def bootstrap_mean(
     return Estimate(float(values.mean()), float(low), float(high), int(values.size))
 
 
-def paired_difference(arm: Mapping[str, float], other: Mapping[str, float], **kwargs) -> Estimate:
+def paired_difference(arm: Mapping[Hashable, float], other: Mapping[Hashable, float], **kwargs) -> Estimate:
     """Mean over shared problems of arm − other, with a bootstrap CI over those problems."""
     shared = sorted(set(arm) & set(other))
     return bootstrap_mean(np.array([arm[p] - other[p] for p in shared]), **kwargs)
+
+
+def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], float]:
+    """Tasks pooled into one declared group (AIME 2025 + 2026 + HMMT): the clusters are (task, problem).
+
+    Problem ids are only unique within a task, so the task is part of the key; the bootstrap and the
+    paired tests then resample and match (task, problem) clusters.
+    """
+    return {(task, problem): value for task, scores in tasks.items() for problem, value in scores.items()}
 
 
 Verdict = str  # "beats null" | "ties null" | "loses to null"
@@ -56,13 +65,15 @@ class PairedComparison:
     losses: int
     p_value: float
     """Exact two-sided sign test on the non-tied problems (scipy.stats.binomtest)."""
-    excluded: tuple[str, ...]
+    excluded: tuple[Hashable, ...]
     """Problems present in only one arm: left out, and reported."""
     p_adjusted: float | None = None
     verdict: Verdict | None = None
 
 
-def compare_arms(arm: Mapping[str, float], baseline: Mapping[str, float], **kwargs) -> PairedComparison:
+def compare_arms(
+    arm: Mapping[Hashable, float], baseline: Mapping[Hashable, float], **kwargs
+) -> PairedComparison:
     """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems."""
     from scipy.stats import binomtest
 

@@ -23,6 +23,19 @@ class SuiteSpec(StrictSpec):
     """A budget sweep: K = N_avg/ratio for each ratio (default: the protocol's rule)."""
     limit: int | None = None
     """At most this many problems per task."""
+    groups: dict[str, list[str]] = pydantic.Field(default_factory=dict)
+    """Task groups compared pooled, clustered by (task, problem): ``{competition-math: [aime25, ...]}``."""
+
+    @pydantic.model_validator(mode="after")
+    def _groups_name_suite_tasks(self) -> SuiteSpec:
+        for name, members in self.groups.items():
+            unknown = [t for t in members if t not in self.tasks]
+            if unknown or len(members) < 2:
+                raise ValueError(
+                    f"group {name!r} must list two or more of the suite's tasks ({', '.join(self.tasks)}); "
+                    f"got {members}"
+                )
+        return self
 
 
 def suite_names() -> list[str]:

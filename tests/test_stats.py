@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from kvbench.stats import bootstrap_mean, compare_arms, holm, resolvable_difference, verdicts
+from kvbench.stats import bootstrap_mean, compare_arms, holm, pool, resolvable_difference, verdicts
 
 
 def test_bootstrap_ci_agrees_with_scipy() -> None:
@@ -73,3 +73,15 @@ def test_equal_arms_tie_at_about_the_nominal_rate() -> None:
 def test_power_note() -> None:
     assert 0.2 < resolvable_difference(30) < 0.35  # 30 problems resolve only large win-rate excesses
     assert resolvable_difference(500) < resolvable_difference(30)
+
+
+def test_pooled_tasks_cluster_by_task_and_problem() -> None:
+    aime = {"1": 1.0, "2": 0.0, "3": 0.5}
+    hmmt = {"1": 0.0, "2": 0.25}
+    pooled = pool({"aime25": aime, "hmmt25": hmmt})
+    assert len(pooled) == 5  # equal ids in two tasks stay two problems
+    values = np.array([1.0, 0.0, 0.5, 0.0, 0.25])
+    assert bootstrap_mean(list(pooled.values())) == bootstrap_mean(values)
+    other = pool({"aime25": {"1": 0.0, "2": 0.0, "3": 0.5}, "hmmt25": {"1": 0.0}})
+    test = compare_arms(pooled, other)
+    assert (test.wins, test.ties, test.losses) == (1, 3, 0) and test.excluded == (("hmmt25", "2"),)

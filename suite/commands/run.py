@@ -66,6 +66,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     cmp.add_argument("--protocol")
     cmp.add_argument("--budget", type=int)
     cmp.add_argument("--against", default="random", help="the baseline policy (default: random, the null)")
+    cmp.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="NAME=TASK,TASK",
+        help="also compare these tasks pooled, clustered by (task, problem) (repeatable)",
+    )
     cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
     cmp.set_defaults(func=compare_command)
 
@@ -87,6 +94,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.runner.report import as_dicts, build_report
     from kvbench.stats import resolvable_difference
+    from kvbench.suite_spec import load_suite
 
     started = time.perf_counter()
     request = RunRequest(
@@ -125,6 +133,9 @@ def run_command(args: argparse.Namespace) -> int:
             "Δ vs full",
             "problems × samples",
         )
+        generated = task in {c.task.name for c in cells if c.task.grader != "probe"}
+        if generated:
+            columns = (*columns[:4], "strict", "trunc / no-ans", "tokens", *columns[4:])
         for column in columns:
             table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
         for r in group:
@@ -136,11 +147,21 @@ def run_command(args: argparse.Namespace) -> int:
             test = r.null_test
             wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
             verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"
+            extra = (
+                (
+                    f"{r.strict.value:.3f}",
+                    f"{r.truncation_rate:.0%} / {r.no_answer_rate:.0%}",
+                    f"{r.mean_generated_tokens:.0f}",
+                )
+                if generated
+                else ()
+            )
             table.add_row(
                 name,
                 budget,
                 ratio,
                 _estimate(r.score),
+                *extra,
                 _estimate(r.vs_null, True),
                 wtl,
                 verdict,
@@ -153,6 +174,18 @@ def run_command(args: argparse.Namespace) -> int:
             f"power note: with {problems} problems a sign test detects (80% power, 5% level) only policies "
             f"that win at least {0.5 + resolvable_difference(problems):.0%} of the problems they do not tie"
         )
+    suite = load_suite(args.suite)
+    if suite.groups and not args.task:
+        from kvbench.runner.compare import Filters, compare
+
+        pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
+        for model in dict.fromkeys(r.model for r in rows):
+            pooled = compare(
+                report.snapshot, Filters(model=model, protocol=cells[0].protocol.name, pools=pools)
+            )
+            pooled = [r for r in pooled if r["task"] in suite.groups]
+            if pooled:
+                print_comparison(pooled, f"pooled task groups on {model} (clustered by task and problem)")
     wall = time.perf_counter() - started
     console.print(
         f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "
@@ -188,26 +221,45 @@ def grade_command(args: argparse.Namespace) -> int:
 
 def compare_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
-    from kvbench.runner.compare import HEADER, Filters, compare, display_cells, render
+    from kvbench.runner.compare import Filters, compare, render
 
     if not args.db.is_file():
         raise PrerequisiteError(
             f"no results database at {args.db}: run `kvbench run` (or `kvbench ingest`) first"
         )
-    rows = compare(args.db, Filters(args.model, args.task, args.protocol, args.budget, args.against))
+    pools = tuple(_parse_pool(text) for text in args.pool)
+    rows = compare(args.db, Filters(args.model, args.task, args.protocol, args.budget, args.against, pools))
     if args.format != "table":
         print(render(rows, args.format))
         return 0
     if not rows:
         console.print("no stored policy matches these filters with a baseline run beside it")
         return 0
-    table = Table(title=f"policies against {args.against} (Holm-corrected sign tests over problems)")
+    print_comparison(rows, f"policies against {args.against} (Holm-corrected sign tests over problems)")
+    return 0
+
+
+def print_comparison(rows: list[dict], title: str) -> None:
+    from kvbench.runner.compare import HEADER, display_cells
+
+    table = Table(title=title)
     for column in HEADER:
         table.add_column(column)
     for r in rows:
         table.add_row(*display_cells(r))
     console.print(table)
-    return 0
+
+
+def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:
+    from kvbench.errors import SpecError
+
+    name, _, tasks = text.partition("=")
+    members = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    if not name or len(members) < 2:
+        raise SpecError(
+            f"--pool {text!r}: write NAME=TASK,TASK[,...] with two or more tasks, e.g. aime=aime25,aime26"
+        )
+    return name, members
 
 
 def ingest_command(args: argparse.Namespace) -> int:

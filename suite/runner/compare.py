@@ -1,7 +1,9 @@
 """``kvbench compare``: every stored policy against the null (or another baseline), from the database.
 
 Rows are grouped into tables by (model, task, protocol, budget); within a table each policy's sign test
-against the baseline is Holm-corrected across the policies compared.
+against the baseline is Holm-corrected across the policies compared. Declared task groups (``pools``,
+e.g. AIME 2025 + 2026 + HMMT) are compared as one table per (model, protocol, ratio), their problems
+clustered by (task, problem).
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from kvbench.runner.report import problem_scores
-from kvbench.stats import bootstrap_mean, compare_arms, paired_difference, verdicts
+from kvbench.runner.summary import CellSummary, summarize
+from kvbench.stats import Estimate, PairedComparison, bootstrap_mean, compare_arms, paired_difference, pool
+from kvbench.stats import verdicts as holm_verdicts
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class Filters:
     protocol: str | None = None
     budget: int | None = None
     against: str = "random"
+    pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Declared task groups, (name, tasks): each also compared pooled, when every task has the arms."""
 
 
 COLUMNS = (
@@ -32,11 +38,17 @@ COLUMNS = (
     "task",
     "protocol",
     "budget",
+    "ratio",
+    "k_over_n_avg",
     "policy",
     "params",
     "score",
     "score_low",
     "score_high",
+    "strict",
+    "truncation_rate",
+    "no_answer_rate",
+    "mean_generated_tokens",
     "delta",
     "delta_low",
     "delta_high",
@@ -47,66 +59,167 @@ COLUMNS = (
     "verdict",
     "delta_full",
     "problems",
+    "samples",
     "excluded",
 )
+
+_RUNS = (
+    "SELECT run_id, model, task, protocol, budget, ratio, n_avg, policy, policy_params, role FROM runs "
+    "WHERE (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?) "
+    "ORDER BY model, task, protocol, budget, policy, policy_params"
+)
+
+
+@dataclass(frozen=True)
+class _Run:
+    run_id: str
+    model: str
+    task: str
+    protocol: str
+    budget: int | None
+    ratio: float | None
+    n_avg: float | None
+    policy: str
+    params: str
+    role: str
+
+    @property
+    def arm(self) -> tuple[str, str]:
+        return self.policy, self.params
 
 
 def compare(database: Path, filters: Filters) -> list[dict]:
     con = duckdb.connect(str(database), read_only=True)
     try:
         # every filter is a bound parameter: widget or CLI values never become SQL
-        runs = con.execute(
-            "SELECT run_id, model, task, protocol, budget, policy, policy_params, role FROM runs "
-            "WHERE (? IS NULL OR model = ?) AND (? IS NULL OR task = ?) AND (? IS NULL OR protocol = ?) "
-            "ORDER BY model, task, protocol, budget, policy",
-            [filters.model, filters.model, filters.task, filters.task, filters.protocol, filters.protocol],
-        ).fetchall()
-        scores = {run[0]: problem_scores(con, run[0]) for run in runs}
+        runs = [_Run(*r) for r in con.execute(_RUNS, [filters.model] * 2 + [filters.protocol] * 2).fetchall()]
+        summaries = summarize(con, [r.run_id for r in runs])
     finally:
         con.close()
-    references = {(r[1], r[2], r[3]): r[0] for r in runs if r[7] == "reference"}
+    rows = _per_task(runs, summaries, filters)
+    for name, tasks in filters.pools:
+        if filters.task is None or filters.task in (name, *tasks):
+            rows += _pooled(name, tasks, runs, summaries, filters)
+    return rows
+
+
+def _per_task(runs: list[_Run], summaries: dict[str, CellSummary], filters: Filters) -> list[dict]:
+    runs = [r for r in runs if filters.task is None or r.task == filters.task]
+    references = {(r.model, r.task, r.protocol): r for r in runs if r.role == "reference"}
     rows: list[dict] = []
-    for key in dict.fromkeys((r[1], r[2], r[3], r[4]) for r in runs if r[4] is not None):
+    for key in dict.fromkeys((r.model, r.task, r.protocol, r.budget) for r in runs if r.budget is not None):
         if filters.budget is not None and key[3] != filters.budget:
             continue
-        group = [r for r in runs if (r[1], r[2], r[3], r[4]) == key]
-        baseline = next((r for r in group if r[5] == filters.against), None)
-        arms = [r for r in group if r is not baseline and r[7] != "reference"]
+        group = [r for r in runs if (r.model, r.task, r.protocol, r.budget) == key]
+        baseline = next((r for r in group if r.policy == filters.against), None)
+        arms = [r for r in group if r is not baseline and r.role != "reference"]
         if baseline is None or not arms:
             continue
-        tested = verdicts([compare_arms(scores[r[0]], scores[baseline[0]]) for r in arms])
         full = references.get(key[:3])
+        scores = {r.run_id: summaries[r.run_id].scores for r in group}
+        tested = holm_verdicts([compare_arms(scores[r.run_id], scores[baseline.run_id]) for r in arms])
         for run, test in zip(arms, tested, strict=True):
-            score = bootstrap_mean(list(scores[run[0]].values()))
-            vs_full = paired_difference(scores[run[0]], scores[full]).value if full else None
+            vs_full = paired_difference(scores[run.run_id], summaries[full.run_id].scores) if full else None
+            k_over_n = run.budget / run.n_avg if run.n_avg else math.nan
             rows.append(
-                dict(
-                    zip(
-                        COLUMNS,
-                        (
-                            *key,
-                            run[5],
-                            run[6],
-                            score.value,
-                            score.low,
-                            score.high,
-                            test.difference.value,
-                            test.difference.low,
-                            test.difference.high,
-                            test.wins,
-                            test.ties,
-                            test.losses,
-                            test.p_adjusted,
-                            test.verdict,
-                            vs_full,
-                            score.problems,
-                            len(test.excluded),
-                        ),
-                        strict=True,
-                    )
-                )
+                _row(key[:3], run.budget, run.ratio, k_over_n, run, [summaries[run.run_id]], test, vs_full)
             )
     return rows
+
+
+def _pooled(
+    name: str, tasks: tuple[str, ...], runs: list[_Run], summaries: dict[str, CellSummary], filters: Filters
+) -> list[dict]:
+    """One table per (model, protocol, ratio): arms that ran every task of the group, pooled."""
+    members = [r for r in runs if r.task in tasks and r.ratio is not None]
+    rows: list[dict] = []
+    for model, protocol, ratio in dict.fromkeys((r.model, r.protocol, r.ratio) for r in members):
+        here = [r for r in members if (r.model, r.protocol, r.ratio) == (model, protocol, ratio)]
+        complete: dict[tuple[str, str], dict[str, _Run]] = {}
+        for arm in dict.fromkeys(r.arm for r in here):
+            by_task = {r.task: r for r in here if r.arm == arm}
+            if set(by_task) == set(tasks):
+                complete[arm] = by_task
+        baseline = next((arm for arm in complete if arm[0] == filters.against), None)
+        arms = [arm for arm in complete if arm != baseline]
+        if baseline is None or not arms:
+            continue
+        pooled = {
+            arm: pool({task: summaries[run.run_id].scores for task, run in by_task.items()})
+            for arm, by_task in complete.items()
+        }
+        fulls = {
+            r.task: r for r in runs if r.role == "reference" and (r.model, r.protocol) == (model, protocol)
+        }
+        full = (
+            pool({t: summaries[fulls[t].run_id].scores for t in tasks}) if set(tasks) <= set(fulls) else None
+        )
+        tested = holm_verdicts([compare_arms(pooled[arm], pooled[baseline]) for arm in arms])
+        for arm, test in zip(arms, tested, strict=True):
+            parts = list(complete[arm].values())
+            vs_full = paired_difference(pooled[arm], full) if full else None
+            row = _row(
+                (model, name, protocol),
+                None,
+                ratio,
+                1 / ratio,
+                parts[0],
+                [summaries[r.run_id] for r in parts],
+                test,
+                vs_full,
+                pooled_scores=pooled[arm],
+            )
+            rows.append(row)
+    return rows
+
+
+def _row(
+    key: tuple[str, str, str],
+    budget: int | None,
+    ratio: float | None,
+    k_over_n_avg: float,
+    run: _Run,
+    parts: list[CellSummary],
+    test: PairedComparison,
+    vs_full: Estimate | None,
+    pooled_scores: dict | None = None,
+) -> dict:
+    scores = pooled_scores if pooled_scores is not None else parts[0].scores
+    strict = pool({str(i): p.strict for i, p in enumerate(parts)})
+    samples = sum(p.samples for p in parts)
+
+    def rate(field: str) -> float:
+        return sum(getattr(p, field) * p.samples for p in parts) / samples if samples else math.nan
+
+    score = bootstrap_mean(list(scores.values()))
+    values = (
+        *key,
+        budget,
+        ratio,
+        k_over_n_avg,
+        run.policy,
+        run.params,
+        score.value,
+        score.low,
+        score.high,
+        bootstrap_mean(list(strict.values())).value,
+        rate("truncation_rate"),
+        rate("no_answer_rate"),
+        rate("mean_generated_tokens"),
+        test.difference.value,
+        test.difference.low,
+        test.difference.high,
+        test.wins,
+        test.ties,
+        test.losses,
+        test.p_adjusted,
+        test.verdict,
+        None if vs_full is None else vs_full.value,
+        score.problems,
+        samples,
+        len(test.excluded),
+    )
+    return dict(zip(COLUMNS, values, strict=True))
 
 
 def render(rows: list[dict], fmt: str) -> str:
@@ -127,8 +240,12 @@ HEADER = (
     "model",
     "task",
     "K",
+    "K/N_avg",
     "policy",
     "score [95% CI]",
+    "strict",
+    "trunc / no-ans",
+    "tokens",
     "Δ vs baseline [95% CI]",
     "W/T/L",
     "verdict",
@@ -136,16 +253,25 @@ HEADER = (
 )
 
 
+def _number(value: float | None, fmt: str) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
 def display_cells(row: dict) -> list[str]:
     """The human-readable cells of one comparison row, in HEADER order (table and Markdown alike)."""
+    budget = str(row["budget"]) if row["budget"] is not None else f"N_avg/{row['ratio']:g}"
     return [
         row["model"],
         row["task"],
-        str(row["budget"]),
+        budget,
+        _number(row["k_over_n_avg"], ".2f"),
         row["policy"],
         f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
+        _number(row["strict"], ".3f"),
+        f"{_number(row['truncation_rate'], '.0%')} / {_number(row['no_answer_rate'], '.0%')}",
+        _number(row["mean_generated_tokens"], ".0f"),
         f"{row['delta']:+.3f} [{row['delta_low']:+.3f}, {row['delta_high']:+.3f}]",
         f"{row['wins']}/{row['ties']}/{row['losses']}",
         f"{row['verdict']} (p={row['p_holm']:.3f})",
-        "—" if row["delta_full"] is None else f"{row['delta_full']:+.3f}",
+        _number(row["delta_full"], "+.3f"),
     ]

@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 
 from kvbench.runner.plan import Cell
+from kvbench.runner.summary import summarize
 from kvbench.stats import (
     Estimate,
     PairedComparison,
@@ -34,30 +35,29 @@ class ReportRow:
     vs_full: Estimate | None
     problems: int
     samples: int
+    strict: Estimate | None = None
+    """Strict pass@1: correct and finished before the token cap."""
+    truncation_rate: float = math.nan
+    no_answer_rate: float = math.nan
+    mean_generated_tokens: float = math.nan
     null_test: PairedComparison | None = None
     """Sign test against the null with its Holm-corrected verdict (policies under test only)."""
-
-
-def problem_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
-    """Per problem: the mean of its samples' metric."""
-    rows = con.execute(
-        "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY problem_id", [run_id]
-    ).fetchall()
-    return {problem: float(value) for problem, value in rows}
 
 
 def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
     con = duckdb.connect(str(database), read_only=True)
     try:
-        scores = {cell.run_id: problem_scores(con, cell.run_id) for cell in cells}
+        summaries = summarize(con, [cell.run_id for cell in cells])
     finally:
         con.close()
+    scores = {run_id: summary.scores for run_id, summary in summaries.items()}
     rows = []
     for cell in cells:
         same_task = [c for c in cells if (c.model.name, c.task.name) == (cell.model.name, cell.task.name)]
         null = next((c for c in same_task if c.role == "null" and c.budget == cell.budget), None)
         full = next((c for c in same_task if c.role == "reference"), None)
-        mine = scores[cell.run_id]
+        summary = summaries[cell.run_id]
+        mine = summary.scores
         rows.append(
             ReportRow(
                 model=cell.model.name,
@@ -72,6 +72,10 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
                 vs_full=paired_difference(mine, scores[full.run_id]) if full and cell is not full else None,
                 problems=len(mine),
                 samples=cell.samples,
+                strict=bootstrap_mean(list(summary.strict.values())),
+                truncation_rate=summary.truncation_rate,
+                no_answer_rate=summary.no_answer_rate,
+                mean_generated_tokens=summary.mean_generated_tokens,
             )
         )
     return _with_verdicts(rows, cells, scores)

@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
+import pytest
+
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
 
@@ -45,10 +48,38 @@ def test_compare_formats_and_filters(tmp_path: Path) -> None:
     table = list(csv.DictReader(io.StringIO(kvbench("compare", "--format", "csv", cwd=tmp_path).stdout)))
     assert [row["policy"] for row in table] == ["snapkv", "streaming"]
     markdown = kvbench("compare", "--format", "markdown", cwd=tmp_path).stdout
-    assert markdown.splitlines()[0].startswith("| model | task | K | policy |") and "| snapkv |" in markdown
+    assert (
+        markdown.splitlines()[0].startswith("| model | task | K | K/N_avg | policy |")
+        and "| snapkv |" in markdown
+    )
     against = json.loads(
         kvbench("compare", "--against", "streaming", "--format", "json", cwd=tmp_path).stdout
     )
     assert {r["policy"] for r in against} == {"snapkv", "random"}
     injected = kvbench("compare", "--task", "' OR 1=1 --", "--format", "json", cwd=tmp_path)
     assert injected.returncode == 0 and json.loads(injected.stdout) == []
+
+
+def test_declared_task_groups_are_pooled_by_task_and_problem(tmp_path: Path) -> None:
+    run = kvbench(
+        "run",
+        *("--model", "tiny-qwen3", "--task", "passkey", "--task", "planted-fact", "--policy", "streaming"),
+        *("--limit", "3", "--quiet"),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    pooled = kvbench("compare", "--pool", "probes=passkey,planted-fact", "--format", "json", cwd=tmp_path)
+    rows = json.loads(pooled.stdout)
+    group = [r for r in rows if r["task"] == "probes"]
+    assert [(r["policy"], r["budget"], r["ratio"], r["problems"]) for r in group] == [
+        ("streaming", None, 4.0, 6)
+    ]
+    con = duckdb.connect(str(tmp_path / "runs" / "kvbench.snapshot.duckdb"), read_only=True)
+    (expected,) = con.execute(
+        "SELECT avg(score) FROM (SELECT s.task, s.problem_id, avg(s.metric) AS score FROM samples s "
+        "JOIN runs r USING (run_id) WHERE r.policy = 'streaming' GROUP BY s.task, s.problem_id)"
+    ).fetchone()
+    assert group[0]["score"] == pytest.approx(expected)
+    assert group[0]["wins"] + group[0]["ties"] + group[0]["losses"] == 6
+    bad = kvbench("compare", "--pool", "probes=passkey", cwd=tmp_path)
+    assert bad.returncode == 2 and "two or more tasks" in bad.stderr

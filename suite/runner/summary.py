@@ -1,0 +1,64 @@
+"""Per-cell numbers from the samples table: the per-problem scores the statistics resample, and rates.
+
+Every rate is a mean over samples; the scores are per problem (mean over its samples), because the
+problem, not the sample, is the unit the bootstrap and the paired tests resample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import duckdb
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    run_id: str
+    scores: dict[str, float] = field(default_factory=dict)
+    """Problem id -> mean of its samples' metric (pass@1 for graded tasks, the probe's metric otherwise)."""
+    strict: dict[str, float] = field(default_factory=dict)
+    """Problem id -> share of its samples correct *and* finished before the token cap."""
+    samples: int = 0
+    truncation_rate: float = float("nan")
+    no_answer_rate: float = float("nan")
+    mean_generated_tokens: float = float("nan")
+
+
+_QUERY = """
+SELECT run_id, problem_id, avg(metric), avg(strict_correct::INTEGER), count(*),
+       sum((finish_reason = 'length')::INTEGER),
+       sum(coalesce(json_extract(secondary, '$.no_answer')::BOOLEAN, false)::INTEGER),
+       sum(generated_tokens)
+FROM samples WHERE list_contains(?, run_id) GROUP BY run_id, problem_id
+"""
+
+
+def summarize(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> dict[str, CellSummary]:
+    """One summary per run id (empty for a run without samples), from one parameterised query."""
+    run_ids = list(dict.fromkeys(run_ids))
+    parts: dict[str, dict] = {
+        r: {"scores": {}, "strict": {}, "n": 0, "cut": 0, "none": 0, "tokens": 0} for r in run_ids
+    }
+    for run_id, problem, metric, strict, n, cut, none, tokens in con.execute(_QUERY, [run_ids]).fetchall():
+        part = parts[run_id]
+        part["scores"][problem] = float(metric)
+        if strict is not None:  # continuous probe metrics have no correct/strict verdict
+            part["strict"][problem] = float(strict)
+        part["n"] += n
+        part["cut"] += cut
+        part["none"] += none
+        part["tokens"] += tokens or 0
+    out = {}
+    for run_id, p in parts.items():
+        n = p["n"]
+        out[run_id] = CellSummary(
+            run_id,
+            p["scores"],
+            p["strict"],
+            n,
+            p["cut"] / n if n else float("nan"),
+            p["none"] / n if n else float("nan"),
+            p["tokens"] / n if n else float("nan"),
+        )
+    return out
