@@ -33,7 +33,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     decode.add_argument("--budget", type=int, default=512)
     decode.add_argument("--buffer", type=int, default=64)
     decode.add_argument("--json", help="also write the results and the machine to this file")
+    decode.add_argument(
+        "--out",
+        type=Path,
+        help="also record the results in this results folder's database (runs/), for the leaderboard",
+    )
     decode.set_defaults(func=bench_decode_command)
+
+    board = kinds.add_parser("leaderboard", help="seconds to render the leaderboard as the database grows")
+    board.set_defaults(func=bench_leaderboard_command)
 
 
 def _machine_line(machine: dict) -> str:
@@ -80,6 +88,29 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(out: Path, settings: dict, machine: dict, rows: list) -> Path:
+    """One JSON file per benchmark under OUT/bench/, then ingested into OUT's database."""
+    import time
+
+    from kvbench.runner.ingest import ingest
+
+    folder = out / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    created = time.time()
+    path = folder / f"decode-{settings['model']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(created))}.json"
+    record = {
+        "created": created,
+        "settings": settings,
+        "machine": machine,
+        "results": [asdict(r) for r in rows],
+    }
+    temp = path.with_suffix(".tmp")
+    temp.write_text(json.dumps(record, indent=2))
+    temp.replace(path)
+    ingest(out)
+    return path
+
+
 def bench_decode_command(args: argparse.Namespace) -> int:
     from kvbench.bench.decode import bench_decode
     from kvbench.bench.machine import describe_machine
@@ -114,4 +145,33 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(_machine_line(machine))
     _save(args.json, machine, results)
+    if args.out:
+        settings = {"model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer}
+        console.print(f"recorded in {_record(args.out, settings, machine, results)}")
+    return 0
+
+
+def bench_leaderboard_command(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from kvbench.bench.leaderboard import CASES, synthetic_store, time_render
+    from kvbench.bench.machine import describe_machine
+
+    table = Table(title="leaderboard: one app run (queries, statistics, layout) on synthetic stores, 4 tasks")
+    for column in ("store", "policies", "sample rows", "first render (s)", "rerun (s)"):
+        table.add_column(column, justify="left" if column == "store" else "right")
+    with tempfile.TemporaryDirectory(prefix="kvbench-board-") as scratch:
+        for label, shape in CASES:
+            database = Path(scratch) / f"{label.replace(' ', '-')}.duckdb"
+            rows = synthetic_store(database, **shape)
+            timing = time_render(database, label, shape["policies"], rows)
+            table.add_row(
+                label,
+                str(timing.policies),
+                f"{timing.rows:,}",
+                f"{timing.first_render_seconds:.2f}",
+                f"{timing.cached_render_seconds:.2f}",
+            )
+    console.print(table)
+    console.print(_machine_line(describe_machine()))
     return 0

@@ -117,6 +117,10 @@ def _run_model(
     from kvbench.adapters.hf.models import load_model
 
     model_name = model_cells[0].model.name
+    if not progress:  # quiet runs (CI logs) without transformers' weight-loading bar either
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     started = time.perf_counter()
     loaded = load_model(model_name, device=device)
     timings.model_load += time.perf_counter() - started

@@ -21,7 +21,7 @@ import duckdb
 
 from kvbench.errors import PrerequisiteError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DATABASE = "kvbench.duckdb"
 SNAPSHOT = "kvbench.snapshot.duckdb"
 
@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS samples (
     PRIMARY KEY (run_id, problem_id, sample)
 );
 CREATE TABLE IF NOT EXISTS ingested_files (path VARCHAR PRIMARY KEY, fingerprint VARCHAR);
+CREATE TABLE IF NOT EXISTS bench (
+    file VARCHAR, created DOUBLE, model VARCHAR, policy VARCHAR, budget INTEGER, buffer INTEGER,
+    tokens INTEGER, tokens_per_second DOUBLE, speed_vs_full DOUBLE, peak_kv_bytes BIGINT,
+    memory_vs_full DOUBLE, ms_per_event DOUBLE, machine JSON,
+    PRIMARY KEY (file, policy)
+);
 """
 
 
@@ -102,6 +108,32 @@ def _run_row(manifest: dict) -> tuple:
     )
 
 
+def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """`kvbench bench decode --out` results (runs/bench/*.json): decode speed and KV memory per policy."""
+    for path in sorted((root / "bench").glob("*.json")):
+        record = json.loads(path.read_text())
+        settings = record["settings"]
+        for r in record["results"]:
+            con.execute(
+                "INSERT OR IGNORE INTO bench VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    path.name,
+                    record["created"],
+                    settings["model"],
+                    r["policy"],
+                    settings["budget"],
+                    settings["buffer"],
+                    r["tokens"],
+                    r["tokens_per_second"],
+                    r["speed_vs_full"],
+                    r["peak_kv_bytes"],
+                    r["memory_vs_full"],
+                    r["ms_per_event"],
+                    json.dumps(record["machine"]),
+                ],
+            )
+
+
 def ingest(root: Path) -> IngestReport:
     """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot."""
     shard_root = root / "shards"
@@ -134,6 +166,7 @@ def ingest(root: Path) -> IngestReport:
                     [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
                 )
                 con.execute("COMMIT")
+            _ingest_bench(con, root)
             con.execute("CHECKPOINT")
         finally:
             con.close()

@@ -1,0 +1,190 @@
+"""The kvbench leaderboard page: layout only; every number comes from kvbench.leaderboard.queries.
+
+Started by `kvbench leaderboard [--db PATH] [--port N]`, which names the database in
+KVBENCH_LEADERBOARD_DB (default: the published snapshot runs/kvbench.snapshot.duckdb).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from kvbench.leaderboard import charts, queries
+
+DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
+DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"
+BADGE_MARKDOWN = {
+    "beats null": ":green-badge[beats null]",
+    "ties": ":gray-badge[ties]",
+    "loses": ":red-badge[loses]",
+}
+METHOD = (
+    "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
+    f"({queries.DRAWS:,} draws). *average* pools the tasks, clustered by (task, problem). Δ vs null and the "
+    "verdict: paired exact sign test against Random Attention on shared problems, Holm-corrected across "
+    "this table's policies at α = 0.05. K/N_avg: the budget over the task's reference mean length."
+)
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _query(name: str, database: str, stamp: float, *args):
+    """Queries cached per database file version: a newly published snapshot is read afresh."""
+    return getattr(queries, name)(Path(database), *args)
+
+
+def main() -> None:
+    st.set_page_config(page_title="kvbench leaderboard", layout="wide")
+    st.title("kvbench leaderboard")
+    database = Path(os.environ.get(DATABASE_ENV, DEFAULT_DATABASE))
+    if not queries.has_results(database):
+        _empty_page(database)
+        return
+    stamp = database.stat().st_mtime
+
+    def query(name: str, *args):
+        return _query(name, str(database), stamp, *args)
+
+    st.caption("Which KV-cache eviction policies beat random eviction, at which budgets, on which models.")
+    everything = query("choices")
+    model = st.sidebar.selectbox("model", everything.models, key="model")
+    here = query("choices", model)
+    protocol = st.sidebar.selectbox("protocol", here.protocols, key="protocol")
+    compression = st.sidebar.selectbox(
+        "compression", here.compressions, format_func=lambda c: c.label, key="compression"
+    )
+    name = st.sidebar.text_input("policy name contains", key="name")
+    st.sidebar.caption(f"database: {database} (read-only)")
+    if protocol is None or compression is None:
+        st.info(f"No budgeted runs for {model} yet.")
+        return
+    table = query("leaderboard", model, protocol, compression, name)
+    views = st.tabs(["Leaderboard", "Budget curves", "Efficiency", "Policy", "Provenance"])
+    with views[0]:
+        _leaderboard_view(table, model, protocol, compression)
+    with views[1]:
+        _curves_view(query, model, protocol)
+    with views[2]:
+        _efficiency_view(query, model, table)
+    with views[3]:
+        _policy_view(query, table)
+    with views[4]:
+        st.dataframe(query("provenance", table.run_ids), hide_index=True, key="provenance")
+        st.caption("Every run behind the leaderboard table: spec hash, versions, commit, hardware, date.")
+
+
+def _empty_page(database: Path) -> None:
+    st.info(f"No results in {database} yet.")
+    st.markdown(
+        "Produce some, then reload this page:\n\n"
+        "```\nkvbench run                  # SmolLM2 on CPU, a few minutes\n"
+        "kvbench run --suite probes   # every built-in policy at 2x, 4x, 8x\n"
+        "kvbench leaderboard\n```\n"
+        "Results land in `runs/`; this page reads the snapshot `runs/kvbench.snapshot.duckdb`."
+    )
+
+
+def _leaderboard_view(table: queries.Table, model: str, protocol: str, compression) -> None:
+    st.subheader(f"{model} · {protocol} · {compression.label}")
+    if table.frame.empty:
+        st.info("No policy matches these filters.")
+        return
+    number = st.column_config.NumberColumn
+    st.dataframe(
+        table.frame,
+        hide_index=True,
+        key="leaderboard",
+        column_order=[c for c in table.frame.columns if c != "average"],  # its text twin shows the CI
+        column_config={
+            "Δ vs null": number(format="%+.3f"),
+            "Δ vs full": number(format="%+.3f"),
+            "p (Holm)": number(format="%.3f"),
+            "K/N_avg": number(format="%.2f"),
+        },
+    )
+    badges = [
+        f"**{row['policy']}** {BADGE_MARKDOWN[row['verdict']]}"
+        for _, row in table.frame.iterrows()
+        if row["verdict"] in BADGE_MARKDOWN
+    ]
+    if badges:
+        st.markdown("Against the null: " + " · ".join(badges))
+    st.download_button(
+        "Download CSV", table.frame.to_csv(index=False), file_name="kvbench-leaderboard.csv", mime="text/csv"
+    )
+    st.caption(METHOD)
+
+
+def _curves_view(query, model: str, protocol: str) -> None:
+    tasks = query("tasks", model, protocol)
+    task = st.selectbox(
+        "task", [None, *tasks], format_func=lambda t: t or "all tasks, pooled", key="curve_task"
+    )
+    curves = query("budget_curves", model, protocol, task)
+    if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
+        st.info("No ratio-based runs: run a suite with `ratios:` (e.g. `kvbench run --suite probes`).")
+        return
+    title = f"{model}, {task or 'all tasks pooled'}: score against compression"
+    st.plotly_chart(charts.budget_curves(curves, title), key="curves")
+
+
+def _efficiency_view(query, model: str, table: queries.Table) -> None:
+    rows = query("efficiency", model, table.frame)
+    if rows.empty:
+        st.info(
+            f"No decode benchmarks for {model}: run `kvbench bench decode --model {model} --out runs` "
+            "to measure tokens/s and KV memory per policy."
+        )
+        return
+    if "average" in rows:
+        st.plotly_chart(charts.efficiency(rows, f"{model}: speed and score"), key="efficiency")
+    st.dataframe(rows, hide_index=True, key="efficiency_table")
+    st.caption(
+        "Speed and memory come from `kvbench bench decode` at its own fixed K; scores at the selected budget."
+    )
+
+
+def _policy_view(query, table: queries.Table) -> None:
+    names = list(dict.fromkeys(table.frame["policy"])) if not table.frame.empty else []
+    if not names:
+        st.info("No policy matches these filters.")
+        return
+    policy = st.selectbox("policy", names, key="policy")
+    _describe(policy)
+    runs = query("policy_runs", policy)
+    st.dataframe(runs.drop(columns=["run_id"]), hide_index=True, key="policy_runs")
+    labels = {
+        f"{r.model} / {r.task} / K={r.budget} ({r.visibility})": (r.run_id, r.visibility)
+        for r in runs.itertuples()
+    }
+    chosen = st.selectbox("problems of run", list(labels), key="drill")
+    run_id, visibility = labels[chosen]
+    rows: pd.DataFrame = query("problems", run_id)
+    if visibility != "public":
+        st.caption("A private task: only problem ids and verdicts are shown, never its text or outputs.")
+        rows = rows.drop(columns=["output"])
+    st.dataframe(rows, hide_index=True, key="problems")
+
+
+def _describe(policy: str) -> None:
+    from kvbench.errors import KvbenchError
+    from kvbench.registry import find_policy
+
+    try:
+        ref = find_policy(policy)
+    except KvbenchError:
+        st.caption(f"{policy}: not installed here, so only its stored results are shown.")
+        return
+    module = inspect.getmodule(ref.cls)
+    st.markdown(f"**{policy}** — {inspect.getdoc(ref.cls) or ''}")
+    if module is not None and module.__doc__:
+        st.markdown(module.__doc__)
+    needs = ", ".join(sorted(ref.cls.needs)) or "nothing beyond keys and values"
+    st.caption(f"source: {ref.source} · needs: {needs}")
+
+
+if __name__ == "__main__":
+    main()

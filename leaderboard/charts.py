@@ -1,0 +1,80 @@
+"""Plotly figures of the leaderboard: budget curves and the efficiency scatter."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+NULL_BAND = "Random Attention (null) 95% CI"
+
+
+def budget_curves(curves: pd.DataFrame, title: str) -> go.Figure:
+    """One line per policy over the compression ratio, the null as a shaded band, full cache as a line."""
+    figure = go.Figure()
+    swept = curves[curves["ratio"].notna()].sort_values("ratio")
+    null = swept[swept["role"] == "null"]
+    if not null.empty:
+        figure.add_trace(
+            go.Scatter(
+                x=list(null["ratio"]) + list(null["ratio"])[::-1],
+                y=list(null["high"]) + list(null["low"])[::-1],
+                fill="toself",
+                fillcolor="rgba(120,120,120,0.25)",
+                line={"width": 0},
+                name=NULL_BAND,
+                hoverinfo="skip",
+            )
+        )
+    for policy, rows in swept.groupby("policy", sort=True):
+        is_null = rows["role"].iloc[0] == "null"
+        figure.add_trace(
+            go.Scatter(
+                x=rows["ratio"],
+                y=rows["score"],
+                mode="lines+markers",
+                name=f"{policy} (null)" if is_null else policy,
+                line={"dash": "dot", "color": "gray"} if is_null else None,
+                error_y={
+                    "type": "data",
+                    "array": rows["high"] - rows["score"],
+                    "arrayminus": rows["score"] - rows["low"],
+                },
+            )
+        )
+    full = curves[curves["role"] == "reference"]
+    if not full.empty:
+        span = [swept["ratio"].min(), swept["ratio"].max()] if not swept.empty else [2, 16]
+        score = float(full["score"].iloc[0])
+        figure.add_trace(
+            go.Scatter(
+                x=span,
+                y=[score, score],
+                mode="lines",
+                name="full cache",
+                line={"dash": "dash", "color": "black"},
+            )
+        )
+    figure.update_layout(title=title, xaxis_title="compression ratio (N_avg / K)", yaxis_title="score")
+    figure.update_xaxes(type="log", tickvals=[2, 4, 8, 16], ticktext=["2x", "4x", "8x", "16x"])
+    return figure
+
+
+def efficiency(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Decode speed relative to the full cache against the average score, one point per policy."""
+    figure = go.Figure(
+        go.Scatter(
+            x=rows["speed_vs_full"],
+            y=rows["average"],
+            mode="markers+text",
+            text=rows["policy"],
+            textposition="top center",
+            marker={"size": 8 + 24 * (1 - rows["memory_vs_full"].clip(0, 1))},
+            name="policies",
+        )
+    )
+    figure.update_layout(
+        title=title,
+        xaxis_title="decode tokens/s ÷ full cache's",
+        yaxis_title="average score (selected budget)",
+    )
+    return figure

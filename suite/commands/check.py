@@ -1,0 +1,115 @@
+"""``kvbench check``: run a suite and hold every policy's results against the committed reference."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import tempfile
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.commands.common import console
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    check = commands.add_parser(
+        "check", help="run a suite and compare it with the reference results in runs/reference/ (exit 0/1)"
+    )
+    check.add_argument("--suite", default="ci", help="suite name or YAML path (default: ci)")
+    check.add_argument(
+        "--reference",
+        type=Path,
+        default=Path("runs") / "reference",
+        help="folder of reference results, one SUITE.json each (default: runs/reference)",
+    )
+    check.add_argument(
+        "--out",
+        type=Path,
+        help="results folder: results already stored there are read, not recomputed "
+        "(default: a fresh temporary folder, so that everything is recomputed)",
+    )
+    check.add_argument(
+        "--update-reference", action="store_true", help="write these results as the new reference"
+    )
+    check.add_argument("--all", action="store_true", help="list unchanged cells too")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
+    check.set_defaults(func=check_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from kvbench.errors import PrerequisiteError
+    from kvbench.runner.check import (
+        collect,
+        compare_with_reference,
+        environment_changes,
+        read_reference,
+        reference_path,
+        write_reference,
+    )
+    from kvbench.runner.execute import run_cells
+    from kvbench.runner.ingest import ingest
+    from kvbench.runner.plan import RunRequest, plan
+    from kvbench.runner.store import provenance
+    from kvbench.specs import find_spec_file
+    from kvbench.suite_spec import load_suite
+
+    suite = load_suite(args.suite)
+    path = reference_path(args.reference, suite.name)
+    if not args.update_reference and not path.is_file():
+        raise PrerequisiteError(
+            f"no reference results for suite {suite.name!r} at {path}: write them with "
+            f"`kvbench check --suite {args.suite} --update-reference`"
+        )
+    cells = plan(RunRequest(suite=args.suite))
+    with tempfile.TemporaryDirectory(prefix="kvbench-check-") as scratch:
+        out = args.out or Path(scratch)
+        timings = run_cells(cells, out, progress=not args.quiet)
+        results = collect(cells, ingest(out).snapshot)
+    console.print(
+        f"suite {suite.name}: {len(cells)} cells, {timings.computed} problems computed, "
+        f"{timings.reused} read from {out}"
+    )
+    current = provenance()
+    if args.update_reference:
+        spec_bytes = find_spec_file("suite", "suites", args.suite).read_bytes()
+        manifest = {
+            "suite": suite.name,
+            "suite_sha256": hashlib.sha256(spec_bytes).hexdigest(),
+            "command": f"kvbench check --suite {args.suite} --update-reference",
+            **current,
+        }
+        write_reference(path, results, manifest)
+        console.print(f"wrote the reference for {len(results)} cells to {path}")
+        return 0
+    manifest, reference = read_reference(path)
+    findings = compare_with_reference(results, reference, environment_changes(manifest, current))
+    shown = [f for f in findings if args.all or f.status != "same"]
+    if shown:
+        table = Table(title=f"kvbench check: suite {suite.name} against {path}")
+        for column in ("cell", "reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
+            table.add_column(column)
+        for f in shown:
+            table.add_row(
+                f.key,
+                _estimate(f.reference),
+                _estimate(f.now),
+                "—" if f.tolerance is None else f"{f.tolerance:.4f}",
+                f"[red]{f.status}[/]" if f.fails else f.status,
+                f.detail,
+            )
+        console.print(table)
+    failed = [f for f in findings if f.fails]
+    same = sum(f.status == "same" for f in findings)
+    console.print(
+        f"{same} of {len(findings)} cells unchanged; {len(failed)} failing"
+        + (f" ({', '.join(sorted({f.status for f in failed}))})" if failed else "")
+        + f"; reference written {manifest.get('written')} at commit {(manifest.get('git') or {}).get('sha')}"
+    )
+    return 1 if failed else 0
+
+
+def _estimate(result) -> str:
+    if result is None:
+        return "—"
+    return f"{result.score:.4f} [{result.low:.4f}, {result.high:.4f}]"

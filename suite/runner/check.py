@@ -1,0 +1,194 @@
+"""``kvbench check``: a suite's results against the committed reference results in runs/reference/.
+
+Each cell (model, task, policy with its parameters, role, budget) is compared with its reference:
+
+- **regressed** (fails): the score fell below the reference by more than the tolerance, which comes
+  from the two confidence intervals: sqrt(h_ref² + h_now²), h the half-width of each 95% CI. A noisy
+  cell (few problems, spread-out scores) tolerates more than a tight one; nothing is a fixed constant.
+- **changed, code unchanged** (fails): on the deterministic CPU suite the cell's outputs (every
+  sample's metric, verdict, length and text) differ although the policy's source file did not change,
+  and neither did the recorded library versions: the engine, the runner or a model changed behaviour.
+- **changed with the environment** (reported): the same, but a library version differs from the
+  reference's; the differing versions are named.
+- **changed with its code** (reported): the policy's source changed, and so did its outputs, within
+  the tolerance (or upwards).
+- **no reference** (fails): a cell the reference does not have; **dropped** (reported): the reverse.
+
+``--update-reference`` writes the results with a manifest: the suite, its spec hash, versions,
+hardware, git commit and date.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.runner.plan import Cell
+from kvbench.runner.summary import summarize
+from kvbench.stats import bootstrap_mean
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CellResult:
+    key: str
+    """model/task/policy{params}/role@K: how a cell is matched with its reference."""
+    score: float
+    low: float
+    high: float
+    problems: dict[str, float]
+    outputs: str
+    """sha256 over every sample's metric, verdicts, finish reason, length, evictions and text."""
+    code: str
+    """sha256 of the policy's source file."""
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+@dataclass(frozen=True)
+class Finding:
+    key: str
+    status: str
+    fails: bool
+    reference: CellResult | None
+    now: CellResult | None
+    tolerance: float | None = None
+    detail: str = ""
+
+
+def cell_key(cell: Cell) -> str:
+    params = json.dumps(cell.policy.params(), sort_keys=True, default=str, separators=(",", ":"))
+    budget = "full" if cell.role == "reference" else str(cell.budget)
+    return f"{cell.model.name}/{cell.task.name}/{cell.policy.name}{params}/{cell.role}@{budget}"
+
+
+def code_hash(cell: Cell) -> str:
+    source = Path(inspect.getfile(type(cell.policy)))
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+
+
+_OUTPUTS = """
+SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions, output
+FROM samples WHERE run_id = ? ORDER BY problem_id, sample
+"""
+
+
+def collect(cells: list[Cell], database: Path) -> list[CellResult]:
+    """Every cell's result from the database; a cell without samples is an error (it did not run)."""
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        summaries = summarize(con, [c.run_id for c in cells])
+        results = []
+        for cell in cells:
+            summary = summaries[cell.run_id]
+            if not summary.samples:
+                raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
+            digest = hashlib.sha256()
+            for row in con.execute(_OUTPUTS, [cell.run_id]).fetchall():
+                metric = None if row[2] is None else round(row[2], 12)
+                digest.update(repr((*row[:2], metric, *row[3:])).encode())
+            score = bootstrap_mean(list(summary.scores.values()))
+            results.append(
+                CellResult(
+                    cell_key(cell),
+                    score.value,
+                    score.low,
+                    score.high,
+                    summary.scores,
+                    digest.hexdigest()[:16],
+                    code_hash(cell),
+                )
+            )
+        return results
+    finally:
+        con.close()
+
+
+def compare_with_reference(
+    now: list[CellResult], reference: list[CellResult], environment_changes: list[str]
+) -> list[Finding]:
+    findings = []
+    known = {r.key: r for r in reference}
+    for result in now:
+        ref = known.pop(result.key, None)
+        if ref is None:
+            findings.append(
+                Finding(result.key, "no reference", True, None, result, detail="run --update-reference")
+            )
+            continue
+        tolerance = math.hypot(ref.half_width, result.half_width)
+        drop = ref.score - result.score
+        if drop > tolerance:
+            detail = f"score fell by {drop:.4f}, more than the tolerance {tolerance:.4f}"
+            findings.append(Finding(result.key, "regressed", True, ref, result, tolerance, detail))
+        elif result.outputs == ref.outputs:
+            findings.append(Finding(result.key, "same", False, ref, result, tolerance))
+        elif result.code != ref.code:
+            detail = "the policy's source changed; its outputs did too, within the tolerance"
+            findings.append(
+                Finding(result.key, "changed with its code", False, ref, result, tolerance, detail)
+            )
+        elif environment_changes:
+            detail = "library versions differ: " + ", ".join(environment_changes)
+            findings.append(
+                Finding(result.key, "changed with the environment", False, ref, result, tolerance, detail)
+            )
+        else:
+            detail = (
+                "outputs differ although the policy's source and the libraries did not change: the engine, "
+                "runner or model did; if intended, run --update-reference"
+            )
+            findings.append(
+                Finding(result.key, "changed, code unchanged", True, ref, result, tolerance, detail)
+            )
+    for key, ref in known.items():
+        findings.append(
+            Finding(key, "dropped", False, ref, None, detail="in the reference, not in this suite")
+        )
+    return findings
+
+
+def environment_changes(reference_manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    before = {**reference_manifest.get("packages", {}), "python": reference_manifest.get("python")}
+    after = {**current.get("packages", {}), "python": current.get("python")}
+    return [
+        f"{name} {before.get(name)} -> {after.get(name)}"
+        for name in sorted(after)
+        if before.get(name) != after.get(name)
+    ]
+
+
+def reference_path(root: Path, suite: str) -> Path:
+    return root / f"{suite}.json"
+
+
+def write_reference(path: Path, results: list[CellResult], manifest: dict[str, Any]) -> None:
+    document = {
+        "format_version": FORMAT_VERSION,
+        "manifest": {**manifest, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "cells": [asdict(r) for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+
+
+def read_reference(path: Path) -> tuple[dict[str, Any], list[CellResult]]:
+    document = json.loads(path.read_text())
+    if document.get("format_version") != FORMAT_VERSION:
+        raise SpecError(
+            f"{path}: reference format {document.get('format_version')!r}, this kvbench reads "
+            f"{FORMAT_VERSION}: rewrite it with --update-reference"
+        )
+    return document["manifest"], [CellResult(**c) for c in document["cells"]]

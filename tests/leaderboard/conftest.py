@@ -1,0 +1,49 @@
+"""A results database built by the real runner: a budget sweep on the probes, a public and a private
+reasoning task from hub-format fixtures, and a decode benchmark, all on the seeded tiny Qwen3."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
+
+SWEEP = """
+spec_version: 1
+name: board-sweep
+description: a small budget sweep for the leaderboard tests
+models: [tiny-qwen3]
+tasks: [passkey, fidelity]
+policies: [streaming, snapkv]
+protocol: protect-prompt
+ratios: [2, 4]
+limit: 3
+"""
+
+
+def _kvbench(*args: str, cwd: Path) -> None:
+    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="session")
+def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("board")
+    (root / "sweep.yaml").write_text(SWEEP)
+    _kvbench("run", "--suite", "sweep.yaml", "--quiet", cwd=root)
+    for task, data in (("gsm8k", "openai/gsm8k"), ("gpqa-diamond", "Idavidrein/gpqa")):
+        _kvbench(
+            *("run", "--model", "tiny-qwen3", "--task", task, "--data", str(HUB / data), "--policy", "snapkv"),
+            *("--budget", "384", "--max-new-tokens", "24", "--limit", "3", "--quiet"),
+            cwd=root,
+        )
+    _kvbench(
+        *("bench", "decode", "--model", "tiny-qwen3", "--tokens", "200", "--budget", "128"),
+        *("--policy", "random", "--policy", "snapkv", "--out", "runs"),
+        cwd=root,
+    )
+    return root / "runs" / "kvbench.snapshot.duckdb"

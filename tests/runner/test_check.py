@@ -1,0 +1,96 @@
+"""kvbench check: passes on its own reference, fails on a scorer broken after the reference was written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbench.registry import builtin_policies
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+REPO = Path(__file__).resolve().parents[2]
+
+SCORER = '''
+from kvbench.contract import EvictionView, Policy, policy
+
+
+@policy("my-recency")
+class MyRecency(Policy):
+    """Keeps the most recent candidates."""
+
+    def score(self, view: EvictionView):
+        return {sign}view.positions.float()
+'''
+
+SUITE = """
+spec_version: 1
+name: check-test
+description: one user scorer on the fidelity probe, tiny model
+models: [tiny-qwen3]
+tasks: [fidelity]
+policies: [{policy}]
+protocol: protect-prompt
+limit: 4
+"""
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_check_passes_on_the_reference_and_fails_on_a_broken_scorer(tmp_path: Path) -> None:
+    scorer = tmp_path / "my_scorer.py"
+    scorer.write_text(SCORER.format(sign=""))
+    suite = tmp_path / "check-test.yaml"
+    suite.write_text(SUITE.format(policy=f"{scorer}:MyRecency"))
+    missing = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
+    assert missing.returncode == 2 and "--update-reference" in missing.stderr
+
+    written = kvbench("check", "--suite", str(suite), "--update-reference", "--quiet", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    reference = json.loads((tmp_path / "runs" / "reference" / "check-test.json").read_text())
+    assert {c["key"].split("{")[0] for c in reference["cells"]} == {
+        "tiny-qwen3/fidelity/my-recency",
+        "tiny-qwen3/fidelity/random",
+        "tiny-qwen3/fidelity/full",
+    }
+    assert {"suite_sha256", "packages", "hardware", "git", "written"} <= set(reference["manifest"])
+
+    again = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 of 3 cells unchanged; 0 failing" in again.stdout
+
+    scorer.write_text(SCORER.format(sign="-"))  # evicts the most recent candidates first
+    broken = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "regressed" in broken.stdout and "my-recency" in broken.stdout
+    assert "2 of 3 cells unchanged; 1 failing (regressed)" in broken.stdout
+
+
+def test_a_change_of_outputs_with_unchanged_code_fails(tmp_path: Path) -> None:
+    scorer = tmp_path / "my_scorer.py"
+    scorer.write_text(SCORER.format(sign=""))
+    suite = tmp_path / "check-test.yaml"
+    suite.write_text(SUITE.format(policy=f"{scorer}:MyRecency"))
+    assert (
+        kvbench("check", "--suite", str(suite), "--update-reference", "--quiet", cwd=tmp_path).returncode == 0
+    )
+    path = tmp_path / "runs" / "reference" / "check-test.json"
+    reference = json.loads(path.read_text())
+    for cell in reference["cells"]:  # as if the engine had produced other outputs for the same code
+        cell["outputs"] = "0" * 16
+    path.write_text(json.dumps(reference))
+    result = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "0 of 3 cells unchanged; 3 failing (changed, code unchanged)" in result.stdout
+
+
+def test_the_committed_ci_reference_covers_every_built_in_policy() -> None:
+    reference = json.loads((REPO / "runs" / "reference" / "ci.json").read_text())
+    policies = {cell["key"].split("/")[2].split("{")[0] for cell in reference["cells"]}
+    assert policies == {ref.cls.name for ref in builtin_policies().values()}
+    models = {cell["key"].split("/")[0] for cell in reference["cells"]}
+    assert models == {"tiny-qwen3", "smollm2-135m"}
+    assert reference["manifest"]["suite"] == "ci" and reference["manifest"]["packages"]["torch"]
