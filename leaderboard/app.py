@@ -72,7 +72,7 @@ def main() -> None:
     with views[3]:
         _policy_view(query, table)
     with views[4]:
-        st.dataframe(query("provenance", table.run_ids), hide_index=True, key="provenance")
+        st.dataframe(query("provenance", table.run_ids), hide_index=True)
         st.caption("Every run behind the leaderboard table: spec hash, versions, commit, hardware, date.")
 
 
@@ -90,13 +90,14 @@ def _empty_page(database: Path) -> None:
 def _leaderboard_view(table: queries.Table, model: str, protocol: str, compression) -> None:
     st.subheader(f"{model} · {protocol} · {compression.label}")
     if table.frame.empty:
-        st.info("No policy matches these filters.")
+        st.info("No runs match these filters.")
         return
+    if not (table.frame["role"] == "policy").any():
+        st.info("No policy matches these filters; only the baselines are shown.")
     number = st.column_config.NumberColumn
     st.dataframe(
         table.frame,
         hide_index=True,
-        key="leaderboard",
         column_order=[c for c in table.frame.columns if c != "average"],  # its text twin shows the CI
         column_config={
             "Δ vs null": number(format="%+.3f"),
@@ -141,7 +142,7 @@ def _efficiency_view(query, model: str, table: queries.Table) -> None:
         return
     if "average" in rows:
         st.plotly_chart(charts.efficiency(rows, f"{model}: speed and score"), key="efficiency")
-    st.dataframe(rows, hide_index=True, key="efficiency_table")
+    st.dataframe(rows, hide_index=True)
     st.caption(
         "Speed and memory come from `kvbench bench decode` at its own fixed K; scores at the selected budget."
     )
@@ -155,7 +156,7 @@ def _policy_view(query, table: queries.Table) -> None:
     policy = st.selectbox("policy", names, key="policy")
     _describe(policy)
     runs = query("policy_runs", policy)
-    st.dataframe(runs.drop(columns=["run_id"]), hide_index=True, key="policy_runs")
+    st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
     labels = {
         f"{r.model} / {r.task} / K={r.budget} ({r.visibility})": (r.run_id, r.visibility)
         for r in runs.itertuples()
@@ -166,7 +167,7 @@ def _policy_view(query, table: queries.Table) -> None:
     if visibility != "public":
         st.caption("A private task: only problem ids and verdicts are shown, never its text or outputs.")
         rows = rows.drop(columns=["output"])
-    st.dataframe(rows, hide_index=True, key="problems")
+    st.dataframe(rows, hide_index=True)
 
 
 def _describe(policy: str) -> None:

@@ -130,9 +130,11 @@ def leaderboard(database: Path, model: str, protocol: str, compression: Compress
     """
     with connect(database) as con:
         arms = _arm_runs(con, model, protocol, compression, name)
+        tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
+        # the full cache serves every budget: only its runs on this table's tasks count here
+        arms = {arm: {t: row for t, row in runs.items() if t in tasks} for arm, runs in arms.items()}
         run_ids = [row[0] for runs in arms.values() for row in runs.values()]
         summaries = summarize(con, run_ids)
-    tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
     pooled = {
         arm: pool({task: summaries[row[0]].scores for task, row in runs.items() if task in tasks})
         for arm, runs in arms.items()

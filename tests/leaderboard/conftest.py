@@ -37,8 +37,18 @@ def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _kvbench("run", "--suite", "sweep.yaml", "--quiet", cwd=root)
     for task, data in (("gsm8k", "openai/gsm8k"), ("gpqa-diamond", "Idavidrein/gpqa")):
         _kvbench(
-            *("run", "--model", "tiny-qwen3", "--task", task, "--data", str(HUB / data), "--policy", "snapkv"),
-            *("--budget", "384", "--max-new-tokens", "24", "--limit", "3", "--quiet"),
+            *(
+                "run",
+                "--model",
+                "tiny-qwen3",
+                "--task",
+                task,
+                "--data",
+                str(HUB / data),
+                "--policy",
+                "snapkv",
+            ),
+            *("--budget", "384", "--max-new-tokens", "16", "--limit", "2", "--samples", "1", "--quiet"),
             cwd=root,
         )
     _kvbench(

@@ -1,0 +1,234 @@
+"""The leaderboard in Streamlit's AppTest, on a database the real runner wrote (see conftest.py).
+
+Expected values are computed here independently, with plain SQL over the samples table.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import kvbench.leaderboard
+from kvbench.leaderboard import queries
+from kvbench.leaderboard.app import DATABASE_ENV
+from kvbench.leaderboard.queries import Compression
+
+APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
+INJECTION = "' OR 1=1 --"
+
+
+def open_app(database: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv(DATABASE_ENV, str(database))
+    app = AppTest.from_file(APP, default_timeout=120).run()
+    assert not app.exception, app.exception
+    return app
+
+
+def frame(app: AppTest, tab: str, index: int = 0):
+    """The index-th table shown in one of the app's tabs."""
+    (view,) = [t for t in app.tabs if t.label == tab]
+    return view.dataframe[index].value
+
+
+def _decoded(value):
+    """Plotly writes numeric arrays as base64 typed arrays ({dtype, bdata}); lists stay lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return value
+
+
+def chart_traces(app: AppTest, tab: str) -> dict[str, dict]:
+    """The traces, by name, of the one plotly chart in a tab, arrays decoded."""
+    (view,) = [t for t in app.tabs if t.label == tab]
+    (chart,) = view.get("plotly_chart")
+    traces = json.loads(chart.proto.spec)["data"]
+    return {t["name"]: {k: _decoded(v) for k, v in t.items()} for t in traces}
+
+
+def by_policy(app: AppTest) -> dict[str, dict]:
+    frame_ = frame(app, "Leaderboard")
+    return {row["policy"]: row for row in frame_.to_dict("records")}
+
+
+def sql_scores(database: Path, ratio: float | None, budget: int | None = None) -> dict[str, dict]:
+    """Per policy and task: the mean over problems of the per-problem mean metric, straight from SQL."""
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT r.policy, s.task, s.problem_id, avg(s.metric) FROM samples s JOIN runs r USING (run_id) "
+            "WHERE r.model = 'tiny-qwen3' "
+            "AND (r.role = 'reference' OR r.ratio = ? OR (? IS NULL AND r.budget = ?)) GROUP BY ALL",
+            [ratio, ratio, budget],
+        ).fetchall()
+    finally:
+        con.close()
+    scores: dict[str, dict] = {}
+    for policy, task, problem, value in rows:
+        scores.setdefault(policy, {}).setdefault(task, {})[problem] = value
+    return scores
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def test_the_table_has_every_arm_with_values_from_the_samples(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    assert app.sidebar.selectbox(key="compression").value == Compression(2.0, None)
+    table = by_policy(app)
+    assert set(table) == {"full", "random", "streaming", "snapkv"}
+    assert {table[p]["role"] for p in table} == {"reference", "null", "policy"}
+    expected = sql_scores(board_db, 2.0)
+    for policy, row in table.items():
+        for task in ("passkey", "fidelity"):
+            assert float(row[task].split(" ± ")[0]) == pytest.approx(
+                mean(expected[policy][task].values()), abs=5e-4
+            )
+        pooled = [v for task in ("passkey", "fidelity") for v in expected[policy][task].values()]
+        assert row["average"] == pytest.approx(mean(pooled))
+    null = {(t, p): v for t in ("passkey", "fidelity") for p, v in expected["random"][t].items()}
+    snap = {(t, p): v for t in ("passkey", "fidelity") for p, v in expected["snapkv"][t].items()}
+    assert table["snapkv"]["Δ vs null"] == pytest.approx(mean(snap[k] - null[k] for k in null))
+    wins, ties, losses = (int(x) for x in table["snapkv"]["W/T/L"].split("/"))
+    assert (wins, losses) == (sum(snap[k] > null[k] for k in null), sum(snap[k] < null[k] for k in null))
+    assert wins + ties + losses == 6 and table["snapkv"]["verdict"] in ("beats null", "ties", "loses")
+    assert table["random"]["verdict"] == "null" and table["snapkv"]["K/N_avg"] == pytest.approx(0.5)
+    assert "Against the null:" in app.markdown[0].value and ":gray-badge[" in app.markdown[0].value
+
+
+def test_filters_change_the_table(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    at_2x = by_policy(app)
+    app.sidebar.selectbox(key="compression").set_value(Compression(4.0, None)).run()
+    at_4x = by_policy(app)
+    assert at_4x["snapkv"]["K/N_avg"] == pytest.approx(0.25)
+    assert at_4x["snapkv"]["fidelity"] != at_2x["snapkv"]["fidelity"]
+    assert at_4x["full"]["fidelity"] == at_2x["full"]["fidelity"]
+    app.sidebar.text_input(key="name").set_value("snap").run()
+    assert set(by_policy(app)) == {"snapkv", "random", "full"}
+    app.sidebar.selectbox(key="compression").set_value(Compression(None, 384)).run()
+    fixed = by_policy(app)
+    assert {"gsm8k", "gpqa-diamond"} <= set(fixed["snapkv"]) and "passkey" not in fixed["snapkv"]
+    expected = sql_scores(board_db, None, 384)
+    assert float(fixed["snapkv"]["gsm8k"].split(" ± ")[0]) == pytest.approx(
+        mean(expected["snapkv"]["gsm8k"].values()), abs=5e-4
+    )
+
+
+def test_sql_in_a_filter_only_empties_the_selection(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    before = by_policy(app)
+    app.sidebar.text_input(key="name").set_value(INJECTION).run()
+    assert not app.exception
+    after = by_policy(app)
+    assert set(after) == {"random", "full"}  # no policy's name contains the text; the baselines stay
+    assert after["random"]["average"] == before["random"]["average"]
+    assert any("No policy matches" in info.value for info in app.info)
+    for model in (INJECTION, "tiny-qwen3"):
+        table = queries.leaderboard(board_db, model, INJECTION, Compression(2.0, None))
+        assert table.frame.empty and table.run_ids == []
+    assert queries.choices(board_db, INJECTION).protocols == []
+    assert queries.problems(board_db, INJECTION).empty
+
+
+def test_budget_curves_carry_every_policy_the_null_band_and_full(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    traces = chart_traces(app, "Budget curves")
+    assert set(traces) == {
+        "Random Attention (null) 95% CI",
+        "random (null)",
+        "snapkv",
+        "streaming",
+        "full cache",
+    }
+    assert (
+        traces["snapkv"]["x"] == [2.0, 4.0] and traces["Random Attention (null) 95% CI"]["fill"] == "toself"
+    )
+    for ratio, y in zip((2.0, 4.0), traces["snapkv"]["y"], strict=True):
+        expected = sql_scores(board_db, ratio)["snapkv"]
+        assert y == pytest.approx(mean(v for t in ("passkey", "fidelity") for v in expected[t].values()))
+    app.selectbox(key="curve_task").set_value("fidelity").run()
+    traces = chart_traces(app, "Budget curves")
+    assert traces["snapkv"]["y"][0] == pytest.approx(
+        mean(sql_scores(board_db, 2.0)["snapkv"]["fidelity"].values())
+    )
+
+
+def test_efficiency_shows_the_recorded_decode_benchmark(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    rows = frame(app, "Efficiency")
+    assert set(rows["policy"]) == {"full", "random", "snapkv"}
+    scatter = chart_traces(app, "Efficiency")["policies"]
+    assert sorted(scatter["text"]) == ["full", "random", "snapkv"]
+    assert sorted(scatter["x"]) == sorted(rows["speed_vs_full"])
+
+
+def test_policy_page_drills_down_to_outputs_but_never_private_text(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    app.selectbox(key="policy").set_value("snapkv").run()
+    assert any("SnapKV" in m.value for m in app.markdown)
+    runs = frame(app, "Policy")
+    assert {"passkey", "fidelity", "gsm8k", "gpqa-diamond"} <= set(runs["task"])
+    drill = app.selectbox(key="drill")
+    public = next(o for o in drill.options if "/ gsm8k /" in o)
+    drill.set_value(public).run()
+    rows = frame(app, "Policy", 1)
+    assert rows["output"].notna().all() and len(rows) == 2
+    private = next(o for o in app.selectbox(key="drill").options if "/ gpqa-diamond /" in o)
+    app.selectbox(key="drill").set_value(private).run()
+    rows = frame(app, "Policy", 1)
+    assert "output" not in rows.columns and len(rows) == 2 and rows["problem_id"].str.len().gt(0).all()
+    stored = queries.policy_runs(board_db, "snapkv")
+    private_run = stored.loc[stored["task"] == "gpqa-diamond", "run_id"].iloc[0]
+    assert queries.problems(board_db, private_run)["output"].isna().all()
+    shown = " ".join(str(v) for v in _all_text(app))
+    assert "PRIVATE-" not in shown  # every text of the private fixture carries this marker
+
+
+def _all_text(app: AppTest):
+    """Every value the page shows: texts, and every cell of every table."""
+    for element in app.markdown:
+        yield element.value
+    for element in app.caption:
+        yield element.value
+    for element in app.dataframe:
+        yield from element.value.astype(str).to_numpy().ravel()
+
+
+def test_provenance_names_every_run_behind_the_table(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    runs = frame(app, "Provenance")
+    assert len(runs) == 4 * 2 and runs["run_id"].is_unique  # four arms × two tasks at 2x
+    for column in ("spec_sha256", "kvbench_version", "git_sha", "torch", "cpu", "created"):
+        assert runs[column].notna().all(), column
+
+
+def test_a_missing_or_empty_database_gets_a_friendly_page(tmp_path: Path, monkeypatch) -> None:
+    app = open_app(tmp_path / "nothing.duckdb", monkeypatch)
+    assert "No results" in app.info[0].value and "kvbench run" in app.markdown[0].value
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    assert "No results" in open_app(empty, monkeypatch).info[0].value
+
+
+@pytest.mark.parametrize(
+    "policies,problems,rows", [(1, 10, 3 * 4 * 40), (50, 2, 52 * 4 * 8), (50, 125, 104_000)]
+)
+def test_the_app_renders_small_and_large_stores(
+    tmp_path: Path, monkeypatch, policies, problems, rows
+) -> None:
+    from kvbench.bench.leaderboard import synthetic_store
+
+    database = tmp_path / "store.duckdb"
+    assert synthetic_store(database, policies=policies, problems=problems) == rows
+    monkeypatch.setenv(DATABASE_ENV, str(database))
+    app = AppTest.from_file(APP, default_timeout=120).run()
+    assert not app.exception
+    assert len(frame(app, "Leaderboard")) == policies + 2
