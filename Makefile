@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: venv run test lint bench clean
+.PHONY: venv run test check lint bench leaderboard clean
 
 venv: $(VENV)/.installed
 
@@ -30,6 +30,14 @@ bench: venv
 test: venv
 	@$(BIN)/python -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$status
+
+# The CI gate: every built-in policy on the deterministic CPU suite against runs/reference/ci.json.
+# After an intended change of behaviour: `kvbench check --suite ci --update-reference`, and commit it.
+check: venv
+	$(BIN)/kvbench check --suite ci --quiet
+
+leaderboard: venv
+	$(BIN)/kvbench leaderboard
 
 lint: venv
 	$(BIN)/ruff check .
