@@ -141,10 +141,9 @@ def leaderboard(database: Path, model: str, protocol: str, compression: Compress
     }
     null = next((arm for arm in arms if arm.role == "null"), None)
     full = next((arm for arm in arms if arm.role == "reference"), None)
-    tested = [arm for arm in arms if arm.role == "policy"]
-    tests = dict(zip(tested, verdicts([compare_arms(pooled[a], pooled[null]) for a in tested]), strict=True))
-    if null is None:
-        tests = {}
+    tested = [arm for arm in arms if arm.role == "policy"] if null else []
+    comparisons = verdicts([compare_arms(pooled[a], pooled[null], draws=DRAWS) for a in tested])
+    tests = dict(zip(tested, comparisons, strict=True))
     records = []
     for arm, runs in arms.items():
         record: dict = {"policy": arm.policy, "role": arm.role}
