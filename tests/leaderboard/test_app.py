@@ -232,3 +232,31 @@ def test_the_app_renders_small_and_large_stores(
     app = AppTest.from_file(APP, default_timeout=120).run()
     assert not app.exception
     assert len(frame(app, "Leaderboard")) == policies + 2
+
+
+def test_the_app_reads_the_snapshot_while_a_run_writes(board_db: Path, tmp_path: Path, monkeypatch) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    shutil.copytree(board_db.parent, runs, ignore=shutil.ignore_patterns(".ingest.lock"))
+    app = open_app(runs / "kvbench.snapshot.duckdb", monkeypatch)
+    writer = duckdb.connect(str(runs / "kvbench.duckdb"))  # a writer holding the database, as ingest does
+    try:
+        app.run()
+        assert not app.exception and "h2o" not in by_policy(app)
+    finally:
+        writer.close()
+    kvbench = str(Path(sys.executable).parent / "kvbench")
+    suite = board_db.parents[1] / "sweep.yaml"
+    run = subprocess.run(
+        [kvbench, "run", "--suite", str(suite), "--policy", "h2o", "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    app.run()  # the newly published snapshot is read afresh
+    assert "h2o" in by_policy(app)
