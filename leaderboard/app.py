@@ -149,7 +149,11 @@ def _efficiency_view(query, model: str, table: queries.Table) -> None:
 
 
 def _policy_view(query, table: queries.Table) -> None:
-    names = list(dict.fromkeys(table.frame["policy"])) if not table.frame.empty else []
+    # the policies under test first, then the null and the full cache
+    ordered = table.frame.sort_values(
+        "role", key=lambda r: r.map({"policy": 0, "null": 1, "reference": 2}), kind="stable"
+    )
+    names = list(dict.fromkeys(ordered["policy"])) if not table.frame.empty else []
     if not names:
         st.info("No policy matches these filters.")
         return
@@ -158,7 +162,7 @@ def _policy_view(query, table: queries.Table) -> None:
     runs = query("policy_runs", policy)
     st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
     labels = {
-        f"{r.model} / {r.task} / K={r.budget} ({r.visibility})": (r.run_id, r.visibility)
+        f"{r.model} / {r.task} / {_budget(r.budget, r.ratio)} ({r.visibility})": (r.run_id, r.visibility)
         for r in runs.itertuples()
     }
     chosen = st.selectbox("problems of run", list(labels), key="drill")
@@ -168,6 +172,12 @@ def _policy_view(query, table: queries.Table) -> None:
         st.caption("A private task: only problem ids and verdicts are shown, never its text or outputs.")
         rows = rows.drop(columns=["output"])
     st.dataframe(rows, hide_index=True)
+
+
+def _budget(budget, ratio) -> str:
+    if pd.isna(budget):
+        return "no eviction"
+    return f"K={int(budget)}" + (f" (N_avg/{ratio:g})" if not pd.isna(ratio) else "")
 
 
 def _describe(policy: str) -> None:

@@ -199,9 +199,11 @@ def budget_curves(database: Path, model: str, protocol: str, task: str | None = 
     with connect(database) as con:
         rows = con.execute(_CURVE_RUNS, [model, protocol, task, task]).fetchall()
         summaries = summarize(con, [r[0] for r in rows])
+    swept = {r[1] for r in rows if r[4] is not None}
     groups: dict[tuple, dict[str, dict]] = {}
     for run_id, task_name, policy, role, ratio in rows:
-        groups.setdefault((policy, role, ratio), {})[task_name] = summaries[run_id].scores
+        if task_name in swept:  # the full cache's line pools the same tasks as the curves
+            groups.setdefault((policy, role, ratio), {})[task_name] = summaries[run_id].scores
     records = []
     for (policy, role, ratio), by_task in groups.items():
         estimate = bootstrap_mean(list(pool(by_task).values()), draws=DRAWS)

@@ -154,6 +154,10 @@ def test_budget_curves_carry_every_policy_the_null_band_and_full(board_db: Path,
     for ratio, y in zip((2.0, 4.0), traces["snapkv"]["y"], strict=True):
         expected = sql_scores(board_db, ratio)["snapkv"]
         assert y == pytest.approx(mean(v for t in ("passkey", "fidelity") for v in expected[t].values()))
+    full = sql_scores(board_db, 2.0)["full"]
+    assert traces["full cache"]["y"][0] == pytest.approx(
+        mean(v for t in ("passkey", "fidelity") for v in full[t].values())
+    )
     app.selectbox(key="curve_task").set_value("fidelity").run()
     traces = chart_traces(app, "Budget curves")
     assert traces["snapkv"]["y"][0] == pytest.approx(
