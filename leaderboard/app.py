@@ -51,10 +51,12 @@ def main() -> None:
     st.caption("Which KV-cache eviction policies beat random eviction, at which budgets, on which models.")
     everything = query("choices")
     model = st.sidebar.selectbox("model", everything.models, key="model")
-    here = query("choices", model)
-    protocol = st.sidebar.selectbox("protocol", here.protocols, key="protocol")
+    protocol = st.sidebar.selectbox("protocol", query("choices", model).protocols, key="protocol")
     compression = st.sidebar.selectbox(
-        "compression", here.compressions, format_func=lambda c: c.label, key="compression"
+        "compression",
+        query("choices", model, protocol).compressions,
+        format_func=lambda c: c.label,
+        key="compression",
     )
     name = st.sidebar.text_input("policy name contains", key="name")
     st.sidebar.caption(f"database: {database} (read-only)")
@@ -116,7 +118,8 @@ def _leaderboard_view(table: queries.Table, model: str, protocol: str, compressi
     st.download_button(
         "Download CSV", table.frame.to_csv(index=False), file_name="kvbench-leaderboard.csv", mime="text/csv"
     )
-    st.caption(METHOD)
+    over = ", ".join(table.average_over) or "none"
+    st.caption(f"{METHOD} The average covers the tasks every arm here ran: {over}.")
 
 
 def _curves_view(query, model: str, protocol: str) -> None:
@@ -162,7 +165,8 @@ def _policy_view(query, table: queries.Table) -> None:
     runs = query("policy_runs", policy)
     st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
     labels = {
-        f"{r.model} / {r.task} / {_budget(r.budget, r.ratio)} ({r.visibility})": (r.run_id, r.visibility)
+        f"{r.model} / {r.task} / {r.protocol} / {_budget(r.budget, r.ratio)} {r.parameters} "
+        f"({r.visibility}, run {r.run_id[:8]})": (r.run_id, r.visibility)
         for r in runs.itertuples()
     }
     chosen = st.selectbox("problems of run", list(labels), key="drill")

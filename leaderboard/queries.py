@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from kvbench.runner.summary import summarize
+from kvbench.runner.summary import CellSummary, most_complete, summarize
 from kvbench.stats import bootstrap_mean, compare_arms, paired_difference, pool, verdicts
 
 DRAWS = 2_000
@@ -61,7 +61,8 @@ class Choices:
     compressions: list[Compression]
 
 
-def choices(database: Path, model: str | None = None) -> Choices:
+def choices(database: Path, model: str | None = None, protocol: str | None = None) -> Choices:
+    """The filter values that have runs: models; the model's protocols; their compressions."""
     with connect(database) as con:
         models = [r[0] for r in con.execute("SELECT DISTINCT model FROM runs ORDER BY 1").fetchall()]
         model = model or (models[0] if models else None)
@@ -71,23 +72,23 @@ def choices(database: Path, model: str | None = None) -> Choices:
                 "SELECT DISTINCT protocol FROM runs WHERE model = ? ORDER BY 1", [model]
             ).fetchall()
         ]
+        protocol = protocol or (protocols[0] if protocols else None)
         compressions = [
             Compression(ratio, None if ratio else budget)
             for ratio, budget in con.execute(
                 "SELECT DISTINCT ratio, CASE WHEN ratio IS NULL THEN budget END FROM runs "
-                "WHERE model = ? AND role <> 'reference' ORDER BY ratio NULLS LAST, 2",
-                [model],
+                "WHERE model = ? AND protocol = ? AND role <> 'reference' ORDER BY ratio NULLS LAST, 2",
+                [model, protocol],
             ).fetchall()
         ]
     return Choices(models, protocols, compressions)
 
 
 _RUNS = """
-SELECT run_id, task, policy, policy_params, role, budget, n_avg, visibility FROM runs
+SELECT run_id, task, policy, policy_params, role, budget, n_avg, ratio FROM runs
 WHERE model = ? AND protocol = ?
   AND (role = 'reference' OR (ratio = ?) OR (ratio IS NULL AND ? IS NULL AND budget = ?))
-  AND (role <> 'policy' OR ? = '' OR contains(lower(policy), lower(?)))
-ORDER BY task, policy, policy_params
+ORDER BY created, run_id
 """
 
 
@@ -102,18 +103,21 @@ class Arm:
 class Table:
     frame: pd.DataFrame
     tasks: list[str]
+    average_over: list[str]
+    """The tasks every arm in the table ran: the average, Δ and verdicts pool these."""
     run_ids: list[str]
 
 
 def _arm_runs(
-    con: duckdb.DuckDBPyConnection, model: str, protocol: str, compression: Compression, name: str
-) -> dict[Arm, dict[str, tuple]]:
+    con: duckdb.DuckDBPyConnection, model: str, protocol: str, compression: Compression
+) -> tuple[dict[Arm, dict[str, tuple]], dict[str, CellSummary]]:
     ratio, budget = compression.ratio, compression.budget
-    rows = con.execute(_RUNS, [model, protocol, ratio, ratio, budget, name, name]).fetchall()
+    rows = con.execute(_RUNS, [model, protocol, ratio, ratio, budget]).fetchall()
+    summaries = summarize(con, [row[0] for row in rows])
     arms: dict[Arm, dict[str, tuple]] = {}
-    for row in rows:
+    for row in most_complete(rows, summaries, key=lambda r: (r[1], r[2], r[3], r[4])):
         arms.setdefault(Arm(row[2], row[3], row[4]), {})[row[1]] = row
-    return arms
+    return arms, summaries
 
 
 def _interval(estimate) -> str:
@@ -125,56 +129,62 @@ def _interval(estimate) -> str:
 def leaderboard(database: Path, model: str, protocol: str, compression: Compression, name: str = "") -> Table:
     """Rows = policies (the null and the full cache included), columns = tasks and the pooled average.
 
-    The average pools every task the arm ran, clustered by (task, problem); Δ vs the null and its
-    verdict come from the paired sign test on those clusters, Holm-corrected across the table's policies.
+    The average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its verdict
+    come from the paired sign test on those clusters, Holm-corrected across every policy at this model,
+    protocol and compression. ``name`` then only selects which policies' rows are shown: a filter never
+    changes the family of the correction, hence never a verdict. When an arm was run more than once on a
+    task (say with a larger --limit), its run with the most samples stands for it.
     """
     with connect(database) as con:
-        arms = _arm_runs(con, model, protocol, compression, name)
-        tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
-        # the full cache serves every budget: only its runs on this table's tasks count here
-        arms = {arm: {t: row for t, row in runs.items() if t in tasks} for arm, runs in arms.items()}
-        run_ids = [row[0] for runs in arms.values() for row in runs.values()]
-        summaries = summarize(con, run_ids)
-    pooled = {
-        arm: pool({task: summaries[row[0]].scores for task, row in runs.items() if task in tasks})
-        for arm, runs in arms.items()
-    }
+        arms, summaries = _arm_runs(con, model, protocol, compression)
+    tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
+    # the full cache serves every budget: only its runs on this table's tasks count here
+    arms = {arm: {t: row for t, row in runs.items() if t in tasks} for arm, runs in arms.items()}
+    arms = {arm: runs for arm, runs in arms.items() if runs}
+    common = [t for t in tasks if all(t in runs for runs in arms.values())]
+    pooled = {arm: pool({t: summaries[runs[t][0]].scores for t in common}) for arm, runs in arms.items()}
     null = next((arm for arm in arms if arm.role == "null"), None)
     full = next((arm for arm in arms if arm.role == "reference"), None)
     tested = [arm for arm in arms if arm.role == "policy"] if null else []
     comparisons = verdicts([compare_arms(pooled[a], pooled[null], draws=DRAWS) for a in tested])
     tests = dict(zip(tested, comparisons, strict=True))
-    records = []
-    for arm, runs in arms.items():
-        record: dict = {"policy": arm.policy, "role": arm.role}
-        for task in tasks:
-            record[task] = (
-                _interval(bootstrap_mean(list(summaries[runs[task][0]].scores.values()), draws=DRAWS))
-                if task in runs
-                else "—"
-            )
-        average = bootstrap_mean(list(pooled[arm].values()), draws=DRAWS)
-        record["average"] = average.value
-        record["average ± CI"] = _interval(average)
-        test = tests.get(arm)
-        record["Δ vs null"] = test.difference.value if test else (0.0 if arm == null else math.nan)
-        record["verdict"] = (
-            _badge(test.verdict) if test else {"null": "null", "reference": "reference"}.get(arm.role, "—")
-        )
-        record["p (Holm)"] = test.p_adjusted if test else math.nan
-        record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
-        vs_full = paired_difference(pooled[arm], pooled[full], draws=DRAWS) if full and arm != full else None
-        record["Δ vs full"] = vs_full.value if vs_full else math.nan
-        ratios = [row[5] / row[6] for row in runs.values() if row[5] and row[6]]
-        record["K/N_avg"] = sum(ratios) / len(ratios) if ratios and arm.role != "reference" else math.nan
-        samples = sum(summaries[row[0]].samples for task, row in runs.items() if task in tasks)
-        record["samples × problems"] = f"{samples // max(len(pooled[arm]), 1)} × {len(pooled[arm])}"
-        record["parameters"] = arm.params
-        records.append(record)
+    shown = {
+        arm: runs for arm, runs in arms.items() if arm.role != "policy" or name.lower() in arm.policy.lower()
+    }
+    records = [
+        _record(arm, runs, tasks, pooled[arm], summaries, tests.get(arm), null, full, pooled)
+        for arm, runs in shown.items()
+    ]
     frame = pd.DataFrame.from_records(records)
     if not frame.empty:
         frame = frame.sort_values("average", ascending=False, kind="stable").reset_index(drop=True)
-    return Table(frame, tasks, run_ids)
+    run_ids = [row[0] for runs in shown.values() for row in runs.values()]
+    return Table(frame, tasks, common, run_ids)
+
+
+def _record(arm, runs, tasks, mine, summaries, test, null, full, pooled) -> dict:
+    record: dict = {"policy": arm.policy, "role": arm.role}
+    for task in tasks:
+        scores = summaries[runs[task][0]].scores if task in runs else None
+        record[task] = _interval(bootstrap_mean(list(scores.values()), draws=DRAWS)) if scores else "—"
+    average = bootstrap_mean(list(mine.values()), draws=DRAWS)
+    record["average"] = average.value
+    record["average ± CI"] = _interval(average)
+    record["Δ vs null"] = test.difference.value if test else (0.0 if arm == null else math.nan)
+    record["verdict"] = (
+        _badge(test.verdict) if test else {"null": "null", "reference": "reference"}.get(arm.role, "—")
+    )
+    record["p (Holm)"] = test.p_adjusted if test else math.nan
+    record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
+    vs_full = paired_difference(mine, pooled[full], draws=DRAWS) if full and arm != full else None
+    record["Δ vs full"] = vs_full.value if vs_full else math.nan
+    ratios = [row[5] / row[6] for row in runs.values() if row[5] and row[6]]
+    record["K/N_avg"] = sum(ratios) / len(ratios) if ratios and arm.role != "reference" else math.nan
+    samples = sum(summaries[row[0]].samples for row in runs.values())
+    problems = sum(len(summaries[row[0]].scores) for row in runs.values())
+    record["samples × problems"] = f"{samples // max(problems, 1)} × {problems}"
+    record["parameters"] = arm.params
+    return record
 
 
 BADGES = {"beats null": "beats null", "ties null": "ties", "loses to null": "loses"}
@@ -185,31 +195,39 @@ def _badge(verdict: str | None) -> str:
 
 
 _CURVE_RUNS = """
-SELECT run_id, task, policy, role, ratio FROM runs
+SELECT run_id, task, policy, policy_params, role, ratio FROM runs
 WHERE model = ? AND protocol = ? AND (ratio IS NOT NULL OR role = 'reference') AND (? IS NULL OR task = ?)
-ORDER BY ratio, policy
+ORDER BY created, run_id
 """
 
 
 def budget_curves(database: Path, model: str, protocol: str, task: str | None = None) -> pd.DataFrame:
     """Score against compression ratio per arm (pooled over tasks unless one is given), with 95% CIs.
 
-    The full cache has no ratio: it appears once, with ``ratio`` missing, to be drawn as a line.
+    An arm is a policy with its parameters: a policy run with two settings draws two lines, labelled by
+    their parameters. The full cache has no ratio: it appears once, with ``ratio`` missing, to be drawn
+    as a line over the same tasks as the curves.
     """
     with connect(database) as con:
         rows = con.execute(_CURVE_RUNS, [model, protocol, task, task]).fetchall()
         summaries = summarize(con, [r[0] for r in rows])
-    swept = {r[1] for r in rows if r[4] is not None}
+    rows = most_complete(rows, summaries, key=lambda r: r[1:])
+    swept = {r[1] for r in rows if r[5] is not None}
+    settings: dict[str, set[str]] = {}
     groups: dict[tuple, dict[str, dict]] = {}
-    for run_id, task_name, policy, role, ratio in rows:
+    for run_id, task_name, policy, params, role, ratio in rows:
         if task_name in swept:  # the full cache's line pools the same tasks as the curves
-            groups.setdefault((policy, role, ratio), {})[task_name] = summaries[run_id].scores
+            settings.setdefault(policy, set()).add(params)
+            groups.setdefault((policy, params, role, ratio), {})[task_name] = summaries[run_id].scores
     records = []
-    for (policy, role, ratio), by_task in groups.items():
+    for (policy, params, role, ratio), by_task in sorted(
+        groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)
+    ):
         estimate = bootstrap_mean(list(pool(by_task).values()), draws=DRAWS)
+        label = policy if len(settings[policy]) == 1 else f"{policy} {params}"
         records.append(
             {
-                "policy": policy,
+                "policy": label,
                 "role": role,
                 "ratio": ratio,
                 "score": estimate.value,
@@ -246,6 +264,9 @@ ORDER BY policy
 def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame:
     """The newest `kvbench bench decode` row per policy for the model, beside the policy's average score."""
     with connect(database) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
+            return pd.DataFrame()
         bench = con.execute(_BENCH, [model]).df()
     if bench.empty or scores.empty:
         return bench

@@ -61,6 +61,16 @@ def check_command(args: argparse.Namespace) -> int:
             f"no reference results for suite {suite.name!r} at {path}: write them with "
             f"`kvbench check --suite {args.suite} --update-reference`"
         )
+    suite_sha256 = hashlib.sha256(find_spec_file("suite", "suites", args.suite).read_bytes()).hexdigest()
+    if not args.update_reference:
+        manifest, reference = read_reference(path)
+        if manifest.get("suite_sha256") != suite_sha256:
+            console.print(
+                f"[red]suite {suite.name!r} changed since its reference was written[/] "
+                f"({manifest.get('suite_sha256', '?')[:12]} -> {suite_sha256[:12]}): the reference no longer "
+                f"describes it; review, then run `kvbench check --suite {args.suite} --update-reference`"
+            )
+            return 1
     cells = plan(RunRequest(suite=args.suite))
     with tempfile.TemporaryDirectory(prefix="kvbench-check-") as scratch:
         out = args.out or Path(scratch)
@@ -72,17 +82,15 @@ def check_command(args: argparse.Namespace) -> int:
     )
     current = provenance()
     if args.update_reference:
-        spec_bytes = find_spec_file("suite", "suites", args.suite).read_bytes()
         manifest = {
             "suite": suite.name,
-            "suite_sha256": hashlib.sha256(spec_bytes).hexdigest(),
+            "suite_sha256": suite_sha256,
             "command": f"kvbench check --suite {args.suite} --update-reference",
             **current,
         }
         write_reference(path, results, manifest)
         console.print(f"wrote the reference for {len(results)} cells to {path}")
         return 0
-    manifest, reference = read_reference(path)
     findings = compare_with_reference(results, reference, environment_changes(manifest, current))
     shown = [f for f in findings if args.all or f.status != "same"]
     if shown:

@@ -5,14 +5,18 @@ Each cell (model, task, policy with its parameters, role, budget) is compared wi
 - **regressed** (fails): the score fell below the reference by more than the tolerance, which comes
   from the two confidence intervals: sqrt(h_ref² + h_now²), h the half-width of each 95% CI. A noisy
   cell (few problems, spread-out scores) tolerates more than a tight one; nothing is a fixed constant.
+- **spec changed** (fails): the cell's identity (the hash of its resolved spec) is not the reference's.
 - **changed, code unchanged** (fails): on the deterministic CPU suite the cell's outputs (every
-  sample's metric, verdict, length and text) differ although the policy's source file did not change,
-  and neither did the recorded library versions: the engine, the runner or a model changed behaviour.
-- **changed with the environment** (reported): the same, but a library version differs from the
-  reference's; the differing versions are named.
+  sample's metric, verdict, length and text) differ although its spec, the policy's source file, the
+  library versions, Python, the CPU model and torch's thread count did not: the engine, the runner or
+  a model changed behaviour.
+- **changed with the environment** (reported): the same, but the environment differs from the
+  reference's (a fresh venv may resolve newer libraries); the differences are named.
 - **changed with its code** (reported): the policy's source changed, and so did its outputs, within
   the tolerance (or upwards).
-- **no reference** (fails): a cell the reference does not have; **dropped** (reported): the reverse.
+- **no reference** (fails): a cell the reference does not have; **dropped** (fails): the reverse.
+
+A suite file whose hash differs from the one the reference was written from fails too.
 
 ``--update-reference`` writes the results with a manifest: the suite, its spec hash, versions,
 hardware, git commit and date.
@@ -36,13 +40,15 @@ from kvbench.runner.plan import Cell
 from kvbench.runner.summary import summarize
 from kvbench.stats import bootstrap_mean
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
 class CellResult:
     key: str
-    """model/task/policy{params}/role@K: how a cell is matched with its reference."""
+    """model/task/protocol/policy{params}/role@K: how a cell is matched with its reference."""
+    identity: str
+    """The cell's run id: a hash of its fully resolved spec (model, task, protocol, policy, runner)."""
     score: float
     low: float
     high: float
@@ -71,7 +77,8 @@ class Finding:
 def cell_key(cell: Cell) -> str:
     params = json.dumps(cell.policy.params(), sort_keys=True, default=str, separators=(",", ":"))
     budget = "full" if cell.role == "reference" else str(cell.budget)
-    return f"{cell.model.name}/{cell.task.name}/{cell.policy.name}{params}/{cell.role}@{budget}"
+    where = f"{cell.model.name}/{cell.task.name}/{cell.protocol.name}"
+    return f"{where}/{cell.policy.name}{params}/{cell.role}@{budget}"
 
 
 def code_hash(cell: Cell) -> str:
@@ -103,6 +110,7 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             results.append(
                 CellResult(
                     cell_key(cell),
+                    cell.run_id,
                     score.value,
                     score.low,
                     score.high,
@@ -133,6 +141,12 @@ def compare_with_reference(
         if drop > tolerance:
             detail = f"score fell by {drop:.4f}, more than the tolerance {tolerance:.4f}"
             findings.append(Finding(result.key, "regressed", True, ref, result, tolerance, detail))
+        elif result.identity != ref.identity:
+            detail = (
+                "the cell's resolved spec (model, task, protocol, parameters or runner version) is not the "
+                "reference's: review the change, then run --update-reference"
+            )
+            findings.append(Finding(result.key, "spec changed", True, ref, result, tolerance, detail))
         elif result.outputs == ref.outputs:
             findings.append(Finding(result.key, "same", False, ref, result, tolerance))
         elif result.code != ref.code:
@@ -141,28 +155,38 @@ def compare_with_reference(
                 Finding(result.key, "changed with its code", False, ref, result, tolerance, detail)
             )
         elif environment_changes:
-            detail = "library versions differ: " + ", ".join(environment_changes)
+            detail = "the environment differs: " + ", ".join(environment_changes)
             findings.append(
                 Finding(result.key, "changed with the environment", False, ref, result, tolerance, detail)
             )
         else:
             detail = (
-                "outputs differ although the policy's source and the libraries did not change: the engine, "
-                "runner or model did; if intended, run --update-reference"
+                "outputs differ although the cell's spec, the policy's source, the library versions and the "
+                "machine did not change: the engine, runner or model code did; if intended, run "
+                "--update-reference"
             )
             findings.append(
                 Finding(result.key, "changed, code unchanged", True, ref, result, tolerance, detail)
             )
     for key, ref in known.items():
-        findings.append(
-            Finding(key, "dropped", False, ref, None, detail="in the reference, not in this suite")
-        )
+        detail = "in the reference, not in this run of the suite: run --update-reference if intended"
+        findings.append(Finding(key, "dropped", True, ref, None, detail=detail))
     return findings
 
 
 def environment_changes(reference_manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    before = {**reference_manifest.get("packages", {}), "python": reference_manifest.get("python")}
-    after = {**current.get("packages", {}), "python": current.get("python")}
+    """Library versions, Python, CPU model and torch threads that differ from the reference's."""
+
+    def environment(manifest: dict[str, Any]) -> dict[str, Any]:
+        hardware = manifest.get("hardware") or {}
+        return {
+            **(manifest.get("packages") or {}),
+            "python": manifest.get("python"),
+            "cpu": hardware.get("cpu"),
+            "torch threads": hardware.get("torch_threads"),
+        }
+
+    before, after = environment(reference_manifest), environment(current)
     return [
         f"{name} {before.get(name)} -> {after.get(name)}"
         for name in sorted(after)

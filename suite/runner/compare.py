@@ -14,10 +14,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 
-from kvbench.runner.summary import CellSummary, summarize
+from kvbench.runner.summary import CellSummary, most_complete, summarize
 from kvbench.stats import Estimate, PairedComparison, bootstrap_mean, compare_arms, paired_difference, pool
 from kvbench.stats import verdicts as holm_verdicts
 
@@ -66,12 +67,11 @@ COLUMNS = (
 _RUNS = (
     "SELECT run_id, model, task, protocol, budget, ratio, n_avg, policy, policy_params, role FROM runs "
     "WHERE (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?) "
-    "ORDER BY model, task, protocol, budget, policy, policy_params"
+    "ORDER BY created, run_id"
 )
 
 
-@dataclass(frozen=True)
-class _Run:
+class _Run(NamedTuple):
     run_id: str
     model: str
     task: str
@@ -96,6 +96,9 @@ def compare(database: Path, filters: Filters) -> list[dict]:
         summaries = summarize(con, [r.run_id for r in runs])
     finally:
         con.close()
+    # an arm run again with a larger --limit (a new run id) supersedes its smaller run
+    runs = most_complete(runs, summaries, key=lambda r: r[1:])
+    runs.sort(key=lambda r: (r.model, r.task, r.protocol, r.budget or 0, r.policy, r.params))
     rows = _per_task(runs, summaries, filters)
     for name, tasks in filters.pools:
         if filters.task is None or filters.task in (name, *tasks):
@@ -130,11 +133,15 @@ def _per_task(runs: list[_Run], summaries: dict[str, CellSummary], filters: Filt
 def _pooled(
     name: str, tasks: tuple[str, ...], runs: list[_Run], summaries: dict[str, CellSummary], filters: Filters
 ) -> list[dict]:
-    """One table per (model, protocol, ratio): arms that ran every task of the group, pooled."""
-    members = [r for r in runs if r.task in tasks and r.ratio is not None]
+    """One table per (model, protocol, ratio or fixed K): arms that ran every task of the group, pooled."""
+    members = [r for r in runs if r.task in tasks and r.role != "reference"]
     rows: list[dict] = []
-    for model, protocol, ratio in dict.fromkeys((r.model, r.protocol, r.ratio) for r in members):
+    groups = dict.fromkeys((r.model, r.protocol, r.ratio, None if r.ratio else r.budget) for r in members)
+    for model, protocol, ratio, budget in groups:
+        if filters.budget is not None and budget != filters.budget:
+            continue
         here = [r for r in members if (r.model, r.protocol, r.ratio) == (model, protocol, ratio)]
+        here = [r for r in here if ratio is not None or r.budget == budget]
         complete: dict[tuple[str, str], dict[str, _Run]] = {}
         for arm in dict.fromkeys(r.arm for r in here):
             by_task = {r.task: r for r in here if r.arm == arm}
@@ -158,11 +165,12 @@ def _pooled(
         for arm, test in zip(arms, tested, strict=True):
             parts = list(complete[arm].values())
             vs_full = paired_difference(pooled[arm], full) if full else None
+            k_over_n = [r.budget / r.n_avg for r in parts if r.n_avg]
             row = _row(
                 (model, name, protocol),
-                None,
+                budget,
                 ratio,
-                1 / ratio,
+                1 / ratio if ratio else sum(k_over_n) / len(k_over_n) if k_over_n else math.nan,
                 parts[0],
                 [summaries[r.run_id] for r in parts],
                 test,

@@ -6,10 +6,13 @@ problem, not the sample, is the unit the bootstrap and the paired tests resample
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import duckdb
+
+T = TypeVar("T", bound=Sequence[Any])
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ def summarize(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> dict[st
     }
     for run_id, problem, metric, strict, n, cut, none, tokens in con.execute(_QUERY, [run_ids]).fetchall():
         part = parts[run_id]
-        part["scores"][problem] = float(metric)
+        if metric is not None:  # a problem none of whose samples has a metric is not scored
+            part["scores"][problem] = float(metric)
         if strict is not None:  # continuous probe metrics have no correct/strict verdict
             part["strict"][problem] = float(strict)
         part["n"] += n
@@ -62,3 +66,20 @@ def summarize(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> dict[st
             p["tokens"] / n if n else float("nan"),
         )
     return out
+
+
+def most_complete(
+    runs: Iterable[T], summaries: dict[str, CellSummary], key: Callable[[T], Hashable]
+) -> list[T]:
+    """One run per key: the one with the most samples, the later one on a tie.
+
+    An arm run again with a larger ``--limit`` or more samples has a new run id (its identity
+    differs) but answers the same question: the larger run supersedes the smaller one in tables.
+    ``runs`` are ``(run_id, ...)`` rows in the order they were created.
+    """
+    chosen: dict[Hashable, T] = {}
+    for run in runs:
+        held = chosen.get(key(run))
+        if held is None or summaries[run[0]].samples >= summaries[held[0]].samples:
+            chosen[key(run)] = run
+    return list(chosen.values())

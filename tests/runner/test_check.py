@@ -52,9 +52,9 @@ def test_check_passes_on_the_reference_and_fails_on_a_broken_scorer(tmp_path: Pa
     assert written.returncode == 0, written.stderr
     reference = json.loads((tmp_path / "runs" / "reference" / "check-test.json").read_text())
     assert {c["key"].split("{")[0] for c in reference["cells"]} == {
-        "tiny-qwen3/fidelity/my-recency",
-        "tiny-qwen3/fidelity/random",
-        "tiny-qwen3/fidelity/full",
+        "tiny-qwen3/fidelity/protect-prompt/my-recency",
+        "tiny-qwen3/fidelity/protect-prompt/random",
+        "tiny-qwen3/fidelity/protect-prompt/full",
     }
     assert {"suite_sha256", "packages", "hardware", "git", "written"} <= set(reference["manifest"])
 
@@ -69,7 +69,7 @@ def test_check_passes_on_the_reference_and_fails_on_a_broken_scorer(tmp_path: Pa
     assert "2 of 3 cells unchanged; 1 failing (regressed)" in broken.stdout
 
 
-def test_a_change_of_outputs_with_unchanged_code_fails(tmp_path: Path) -> None:
+def test_changed_outputs_specs_or_suites_fail(tmp_path: Path) -> None:
     scorer = tmp_path / "my_scorer.py"
     scorer.write_text(SCORER.format(sign=""))
     suite = tmp_path / "check-test.yaml"
@@ -81,15 +81,19 @@ def test_a_change_of_outputs_with_unchanged_code_fails(tmp_path: Path) -> None:
     reference = json.loads(path.read_text())
     for cell in reference["cells"]:  # as if the engine had produced other outputs for the same code
         cell["outputs"] = "0" * 16
+    reference["cells"][0]["identity"] = "f" * 16  # and as if one cell's spec had changed
     path.write_text(json.dumps(reference))
     result = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
     assert result.returncode == 1
-    assert "0 of 3 cells unchanged; 3 failing (changed, code unchanged)" in result.stdout
+    assert "0 of 3 cells unchanged; 3 failing (changed, code unchanged, spec changed)" in result.stdout
+    suite.write_text(SUITE.format(policy=f"{scorer}:MyRecency").replace("limit: 4", "limit: 1"))
+    smaller = kvbench("check", "--suite", str(suite), "--quiet", cwd=tmp_path)
+    assert smaller.returncode == 1 and "changed since its reference" in smaller.stdout
 
 
 def test_the_committed_ci_reference_covers_every_built_in_policy() -> None:
     reference = json.loads((REPO / "runs" / "reference" / "ci.json").read_text())
-    policies = {cell["key"].split("/")[2].split("{")[0] for cell in reference["cells"]}
+    policies = {cell["key"].split("/")[3].split("{")[0] for cell in reference["cells"]}
     assert policies == {ref.cls.name for ref in builtin_policies().values()}
     models = {cell["key"].split("/")[0] for cell in reference["cells"]}
     assert models == {"tiny-qwen3", "smollm2-135m"}

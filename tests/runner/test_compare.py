@@ -83,3 +83,25 @@ def test_declared_task_groups_are_pooled_by_task_and_problem(tmp_path: Path) -> 
     assert group[0]["wins"] + group[0]["ties"] + group[0]["losses"] == 6
     bad = kvbench("compare", "--pool", "probes=passkey", cwd=tmp_path)
     assert bad.returncode == 2 and "two or more tasks" in bad.stderr
+
+
+def test_a_larger_rerun_of_an_arm_supersedes_the_smaller_one(tmp_path: Path) -> None:
+    for limit in ("1", "3"):
+        args = (
+            "--model",
+            "tiny-qwen3",
+            "--task",
+            "fidelity",
+            "--policy",
+            "snapkv",
+            "--limit",
+            limit,
+            "--quiet",
+        )
+        assert kvbench("run", *args, cwd=tmp_path).returncode == 0
+    rows = json.loads(kvbench("compare", "--format", "json", cwd=tmp_path).stdout)
+    assert [(r["policy"], r["problems"], r["excluded"]) for r in rows] == [("snapkv", 3, 0)]
+    pooled = kvbench(
+        "compare", "--pool", "one=fidelity,passkey", "--budget", "999", "--format", "json", cwd=tmp_path
+    )
+    assert json.loads(pooled.stdout) == []  # --budget applies to pooled rows too

@@ -1,0 +1,93 @@
+"""Leaderboard queries on small synthetic stores of the runner's schema: the edge cases of real use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from kvbench.bench.leaderboard import synthetic_store
+from kvbench.leaderboard import queries
+from kvbench.leaderboard.queries import Compression
+
+AT_4X = Compression(4.0, None)
+
+
+def store(tmp_path: Path) -> Path:
+    database = tmp_path / "store.duckdb"
+    synthetic_store(database, policies=3, tasks=2, problems=20, samples=2)
+    return database
+
+
+def test_a_policy_with_two_settings_is_two_arms_and_two_curves(tmp_path: Path) -> None:
+    database = store(tmp_path)
+    con = duckdb.connect(str(database))
+    for task in ("00", "01"):
+        old, new = f"{task}-policy-00", f"{task}-policy-00-w32"
+        con.execute(
+            "INSERT INTO runs SELECT * REPLACE (? AS run_id, '{\"window\": 32}' AS policy_params) FROM runs "
+            "WHERE run_id = ?",
+            [new, old],
+        )
+        con.execute(
+            "INSERT INTO samples SELECT * REPLACE (? AS run_id, 1 - metric AS metric) FROM samples "
+            "WHERE run_id = ?",
+            [new, old],
+        )
+    con.close()
+    table = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
+    settings = table.loc[table["policy"] == "policy-00", "parameters"]
+    assert sorted(settings) == ['{"window": 32}', "{}"]
+    curves = queries.budget_curves(database, "synthetic", "protect-prompt")
+    assert set(curves["policy"]) == {
+        "policy-00 {}",
+        'policy-00 {"window": 32}',
+        "policy-01",
+        "policy-02",
+        "random",
+        "full",
+    }
+    one, other = (
+        curves.loc[curves["policy"] == label, "score"].item()
+        for label in ("policy-00 {}", 'policy-00 {"window": 32}')
+    )
+    assert one + other == 1.0  # each setting's own samples, not a mixture
+
+
+def test_the_name_filter_never_changes_a_verdict(tmp_path: Path) -> None:
+    database = store(tmp_path)
+    every = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame.set_index("policy")
+    one = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X, name="POLICY-02").frame
+    assert set(one["policy"]) == {"policy-02", "random", "full"}
+    row = one.set_index("policy").loc["policy-02"]
+    assert (
+        row["p (Holm)"] == every.loc["policy-02", "p (Holm)"]
+        and row["verdict"] == every.loc["policy-02", "verdict"]
+    )
+
+
+def test_the_average_covers_only_the_tasks_every_arm_ran(tmp_path: Path) -> None:
+    database = store(tmp_path)
+    con = duckdb.connect(str(database))
+    con.execute("DELETE FROM samples WHERE run_id = '01-policy-01'")
+    con.execute("DELETE FROM runs WHERE run_id = '01-policy-01'")
+    con.close()
+    table = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X)
+    assert table.tasks == ["task-0", "task-1"] and table.average_over == ["task-0"]
+    rows = table.frame.set_index("policy")
+    assert rows.loc["policy-01", "task-1"] == "—"
+    assert (
+        rows.loc["policy-01", "average ± CI"].split(" ± ")[0]
+        == rows.loc["policy-01", "task-0"].split(" ± ")[0]
+    )
+
+
+def test_a_database_without_benchmarks_has_an_empty_efficiency_view(tmp_path: Path) -> None:
+    database = store(tmp_path)
+    con = duckdb.connect(str(database))
+    con.execute("DROP TABLE bench")  # as in a database written before bench rows were recorded
+    con.close()
+    scores = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
+    assert queries.efficiency(database, "synthetic", scores).empty
+    assert isinstance(queries.efficiency(database, "synthetic", pd.DataFrame()), pd.DataFrame)
