@@ -95,7 +95,8 @@ def check_command(args: argparse.Namespace) -> int:
     shown = [f for f in findings if args.all or f.status != "same"]
     if shown:
         table = Table(title=f"kvbench check: suite {suite.name} against {path}")
-        for column in ("cell", "reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
+        table.add_column("cell", no_wrap=True)  # whole, so that a log can be searched for it
+        for column in ("reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
             table.add_column(column)
         for f in shown:
             table.add_row(
