@@ -54,7 +54,8 @@ class CellResult:
     high: float
     problems: dict[str, float]
     outputs: str
-    """sha256 over every sample's metric, verdicts, finish reason, length, evictions and text."""
+    """sha256 over every sample's metric, verdicts, finish reason, length, evictions, text and its
+    secondary measurements (timings left out)."""
     code: str
     """sha256 of the policy's source file."""
 
@@ -87,7 +88,8 @@ def code_hash(cell: Cell) -> str:
 
 
 _OUTPUTS = """
-SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions, output
+SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions,
+       output, secondary
 FROM samples WHERE run_id = ? ORDER BY problem_id, sample
 """
 
@@ -105,7 +107,7 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             digest = hashlib.sha256()
             for row in con.execute(_OUTPUTS, [cell.run_id]).fetchall():
                 metric = None if row[2] is None else round(row[2], 12)
-                digest.update(repr((*row[:2], metric, *row[3:])).encode())
+                digest.update(repr((*row[:2], metric, *row[3:-1], _measurements(row[-1]))).encode())
             score = bootstrap_mean(list(summary.scores.values()))
             results.append(
                 CellResult(
@@ -122,6 +124,18 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
         return results
     finally:
         con.close()
+
+
+def _measurements(secondary: str | None) -> str:
+    """A sample's secondary numbers (KL to the full cache, the answer's log-probability, ...) without
+    its wall-clock timings, which no two runs share."""
+    values = json.loads(secondary or "{}")
+    kept = {
+        key: round(value, 9) if isinstance(value, float) else value
+        for key, value in values.items()
+        if not key.endswith("seconds")
+    }
+    return json.dumps(kept, sort_keys=True)
 
 
 def compare_with_reference(
