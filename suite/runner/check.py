@@ -16,7 +16,7 @@ Each cell (model, task, policy with its parameters, role, budget) is compared wi
   the tolerance (or upwards).
 - **no reference** (fails): a cell the reference does not have; **dropped** (fails): the reverse.
 
-A suite file whose hash differs from the one the reference was written from fails too.
+A suite whose spec (description aside) differs from the one the reference was written from fails too.
 
 ``--update-reference`` writes the results with a manifest: the suite, its spec hash, versions,
 hardware, git commit and date.
