@@ -85,7 +85,7 @@ def choices(database: Path, model: str | None = None, protocol: str | None = Non
 
 
 _RUNS = """
-SELECT run_id, task, policy, policy_params, role, budget, n_avg, ratio FROM runs
+SELECT run_id, task, policy, policy_params, role, budget, n_avg FROM runs
 WHERE model = ? AND protocol = ?
   AND (role = 'reference' OR (ratio = ?) OR (ratio IS NULL AND ? IS NULL AND budget = ?))
 ORDER BY created, run_id
