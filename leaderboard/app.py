@@ -52,9 +52,13 @@ def main() -> None:
     everything = query("choices")
     model = st.sidebar.selectbox("model", everything.models, key="model")
     protocol = st.sidebar.selectbox("protocol", query("choices", model).protocols, key="protocol")
+    runtime = st.sidebar.selectbox(
+        "runtime (adapter/device/dtype/attention)", query("choices", model, protocol).runtimes, key="runtime"
+    )
+    seed = st.sidebar.selectbox("protocol seed", query("choices", model, protocol, runtime).seeds, key="seed")
     compression = st.sidebar.selectbox(
         "compression",
-        query("choices", model, protocol).compressions,
+        query("choices", model, protocol, runtime, seed).compressions,
         format_func=lambda c: c.label,
         key="compression",
     )
@@ -63,12 +67,12 @@ def main() -> None:
     if protocol is None or compression is None:
         st.info(f"No budgeted runs for {model} yet.")
         return
-    table = query("leaderboard", model, protocol, compression, name)
+    table = query("leaderboard", model, protocol, compression, name, runtime, seed)
     views = st.tabs(["Leaderboard", "Budget curves", "Efficiency", "Policy", "Provenance"])
     with views[0]:
         _leaderboard_view(table, model, protocol, compression)
     with views[1]:
-        _curves_view(query, model, protocol)
+        _curves_view(query, model, protocol, runtime, seed)
     with views[2]:
         _efficiency_view(query, model, table)
     with views[3]:
@@ -122,12 +126,12 @@ def _leaderboard_view(table: queries.Table, model: str, protocol: str, compressi
     st.caption(f"{METHOD} The average covers the tasks every arm here ran: {over}.")
 
 
-def _curves_view(query, model: str, protocol: str) -> None:
+def _curves_view(query, model: str, protocol: str, runtime: str | None, seed: int | None) -> None:
     tasks = query("tasks", model, protocol)
     task = st.selectbox(
         "task", [None, *tasks], format_func=lambda t: t or "all tasks, pooled", key="curve_task"
     )
-    curves = query("budget_curves", model, protocol, task)
+    curves = query("budget_curves", model, protocol, task, runtime, seed)
     if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
         st.info("No ratio-based runs: run a suite with `ratios:` (e.g. `kvbench run --suite probes`).")
         return

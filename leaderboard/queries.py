@@ -54,15 +54,28 @@ class Compression:
         return f"{self.ratio:g}x (K = N_avg/{self.ratio:g})" if self.ratio else f"fixed K = {self.budget}"
 
 
+RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
+"""A run's runtime as one label: arms are compared within one runtime, never across two."""
+
+
 @dataclass(frozen=True)
 class Choices:
     models: list[str]
     protocols: list[str]
     compressions: list[Compression]
+    runtimes: list[str]
+    seeds: list[int]
 
 
-def choices(database: Path, model: str | None = None, protocol: str | None = None) -> Choices:
-    """The filter values that have runs: models; the model's protocols; their compressions."""
+def choices(
+    database: Path,
+    model: str | None = None,
+    protocol: str | None = None,
+    runtime: str | None = None,
+    seed: int | None = None,
+) -> Choices:
+    """The filter values that have runs: models; the model's protocols; their runtimes and protocol
+    seeds; then their compressions."""
     with connect(database) as con:
         models = [r[0] for r in con.execute("SELECT DISTINCT model FROM runs ORDER BY 1").fetchall()]
         model = model or (models[0] if models else None)
@@ -73,20 +86,56 @@ def choices(database: Path, model: str | None = None, protocol: str | None = Non
             ).fetchall()
         ]
         protocol = protocol or (protocols[0] if protocols else None)
+        runtimes = [
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT {RUNTIME} FROM runs WHERE model = ? AND protocol = ? ORDER BY 1",
+                [model, protocol],
+            ).fetchall()
+        ]
+        runtime = runtime or (runtimes[0] if runtimes else None)
+        seeds = [
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT protocol_seed FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ? "
+                "ORDER BY 1",
+                [model, protocol, runtime],
+            ).fetchall()
+        ]
+        seed = seed if seed is not None else (seeds[0] if seeds else None)
         compressions = [
             Compression(ratio, None if ratio else budget)
             for ratio, budget in con.execute(
                 "SELECT DISTINCT ratio, CASE WHEN ratio IS NULL THEN budget END FROM runs "
-                "WHERE model = ? AND protocol = ? AND role <> 'reference' ORDER BY ratio NULLS LAST, 2",
-                [model, protocol],
+                f"WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ? "
+                "AND role <> 'reference' ORDER BY ratio NULLS LAST, 2",
+                [model, protocol, runtime, seed],
             ).fetchall()
         ]
-    return Choices(models, protocols, compressions)
+    return Choices(models, protocols, compressions, runtimes, seeds)
 
 
-_RUNS = """
-SELECT run_id, task, policy, policy_params, role, budget, n_avg FROM runs
-WHERE model = ? AND protocol = ?
+def _context_or_first(
+    con: duckdb.DuckDBPyConnection, model: str, protocol: str, runtime: str | None, seed: int | None
+) -> tuple[str, int]:
+    """The runtime and protocol seed asked for, or the first stored ones."""
+    if runtime is None:
+        found = con.execute(
+            f"SELECT min({RUNTIME}) FROM runs WHERE model = ? AND protocol = ?", [model, protocol]
+        ).fetchone()
+        runtime = found[0] if found and found[0] is not None else ""
+    if seed is None:
+        found = con.execute(
+            f"SELECT min(protocol_seed) FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ?",
+            [model, protocol, runtime],
+        ).fetchone()
+        seed = found[0] if found and found[0] is not None else 0
+    return runtime, seed
+
+
+_RUNS = f"""
+SELECT run_id, task, policy, policy_params, role, budget, n_avg, samples_per_problem FROM runs
+WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
   AND (role = 'reference' OR (ratio = ?) OR (ratio IS NULL AND ? IS NULL AND budget = ?))
 ORDER BY created, run_id
 """
@@ -109,10 +158,16 @@ class Table:
 
 
 def _arm_runs(
-    con: duckdb.DuckDBPyConnection, model: str, protocol: str, compression: Compression
+    con: duckdb.DuckDBPyConnection,
+    model: str,
+    protocol: str,
+    compression: Compression,
+    runtime: str | None,
+    seed: int | None,
 ) -> tuple[dict[Arm, dict[str, tuple]], dict[str, CellSummary]]:
     ratio, budget = compression.ratio, compression.budget
-    rows = con.execute(_RUNS, [model, protocol, ratio, ratio, budget]).fetchall()
+    runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
+    rows = con.execute(_RUNS, [model, protocol, runtime, seed, ratio, ratio, budget]).fetchall()
     summaries = summarize(con, [row[0] for row in rows])
     arms: dict[Arm, dict[str, tuple]] = {}
     for row in most_complete(rows, summaries, key=lambda r: (r[1], r[2], r[3], r[4])):
@@ -126,7 +181,15 @@ def _interval(estimate) -> str:
     return f"{estimate.value:.3f} ± {(estimate.high - estimate.low) / 2:.3f}"
 
 
-def leaderboard(database: Path, model: str, protocol: str, compression: Compression, name: str = "") -> Table:
+def leaderboard(
+    database: Path,
+    model: str,
+    protocol: str,
+    compression: Compression,
+    name: str = "",
+    runtime: str | None = None,
+    seed: int | None = None,
+) -> Table:
     """Rows = policies (the null and the full cache included), columns = tasks and the pooled average.
 
     The average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its verdict
@@ -136,7 +199,7 @@ def leaderboard(database: Path, model: str, protocol: str, compression: Compress
     task (say with a larger --limit), its run with the most samples stands for it.
     """
     with connect(database) as con:
-        arms, summaries = _arm_runs(con, model, protocol, compression)
+        arms, summaries = _arm_runs(con, model, protocol, compression, runtime, seed)
     tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
     # the full cache serves every budget: only its runs on this table's tasks count here
     arms = {arm: {t: row for t, row in runs.items() if t in tasks} for arm, runs in arms.items()}
@@ -145,7 +208,12 @@ def leaderboard(database: Path, model: str, protocol: str, compression: Compress
     pooled = {arm: pool({t: summaries[runs[t][0]].scores for t in common}) for arm, runs in arms.items()}
     null = next((arm for arm in arms if arm.role == "null"), None)
     full = next((arm for arm in arms if arm.role == "reference"), None)
-    tested = [arm for arm in arms if arm.role == "policy"] if null else []
+    # a policy pairs with the null only where both ran the same samples per problem on every common task
+    tested = [
+        arm
+        for arm in arms
+        if arm.role == "policy" and null and all(arms[arm][t][7] == arms[null][t][7] for t in common)
+    ]
     comparisons = verdicts([compare_arms(pooled[a], pooled[null], draws=DRAWS) for a in tested])
     tests = dict(zip(tested, comparisons, strict=True))
     shown = {
@@ -171,9 +239,8 @@ def _record(arm, runs, tasks, mine, summaries, test, null, full, pooled) -> dict
     record["average"] = average.value
     record["average ± CI"] = _interval(average)
     record["Δ vs null"] = test.difference.value if test else (0.0 if arm == null else math.nan)
-    record["verdict"] = (
-        _badge(test.verdict) if test else {"null": "null", "reference": "reference"}.get(arm.role, "—")
-    )
+    roles = {"null": "null", "reference": "reference", "policy": "no matching null"}
+    record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, "—")
     record["p (Holm)"] = test.p_adjusted if test else math.nan
     record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
     vs_full = paired_difference(mine, pooled[full], draws=DRAWS) if full and arm != full else None
@@ -194,14 +261,23 @@ def _badge(verdict: str | None) -> str:
     return BADGES.get(verdict or "", "—")
 
 
-_CURVE_RUNS = """
+_CURVE_RUNS = f"""
 SELECT run_id, task, policy, policy_params, role, ratio FROM runs
-WHERE model = ? AND protocol = ? AND (ratio IS NOT NULL OR role = 'reference') AND (? IS NULL OR task = ?)
+WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
+  AND (ratio IS NOT NULL OR role = 'reference')
+  AND (? IS NULL OR task = ?)
 ORDER BY created, run_id
 """
 
 
-def budget_curves(database: Path, model: str, protocol: str, task: str | None = None) -> pd.DataFrame:
+def budget_curves(
+    database: Path,
+    model: str,
+    protocol: str,
+    task: str | None = None,
+    runtime: str | None = None,
+    seed: int | None = None,
+) -> pd.DataFrame:
     """Score against compression ratio per arm (pooled over tasks unless one is given), with 95% CIs.
 
     An arm is a policy with its parameters: a policy run with two settings draws two lines, labelled by
@@ -209,7 +285,8 @@ def budget_curves(database: Path, model: str, protocol: str, task: str | None = 
     as a line over the same tasks as the curves.
     """
     with connect(database) as con:
-        rows = con.execute(_CURVE_RUNS, [model, protocol, task, task]).fetchall()
+        runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
+        rows = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, task, task]).fetchall()
         summaries = summarize(con, [r[0] for r in rows])
     rows = most_complete(rows, summaries, key=lambda r: r[1:])
     swept = {r[1] for r in rows if r[5] is not None}
@@ -301,9 +378,12 @@ def problems(database: Path, run_id: str) -> pd.DataFrame:
 
 
 _PROVENANCE = """
-SELECT run_id, label, sha256(spec::VARCHAR)[:16] AS spec_sha256, kvbench_version, git_sha, git_dirty,
-       packages->>'torch' AS torch, packages->>'transformers' AS transformers, hardware->>'cpu' AS cpu,
-       hardware->>'gpu' AS gpu, protocol_seed, samples_per_problem, to_timestamp(created) AS created
+SELECT run_id, label, sha256(spec::VARCHAR)[:16] AS spec_sha256, adapter, device, dtype, attention,
+       kvbench_version, git_sha, git_dirty,
+       packages->>'torch' AS torch, hardware->>'torch_cuda' AS torch_cuda,
+       packages->>'transformers' AS transformers, hardware->>'cpu' AS cpu,
+       hardware->>'gpu' AS gpu, hardware->>'gpu_count' AS gpu_count, hardware->>'gpu_driver' AS gpu_driver,
+       protocol_seed, samples_per_problem, to_timestamp(created) AS created
 FROM runs WHERE list_contains(?, run_id) ORDER BY label
 """
 

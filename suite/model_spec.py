@@ -35,17 +35,30 @@ class RandomQwen3(StrictSpec):
     """A Qwen3 with seeded random weights, built from this config, and a byte-level tokenizer."""
 
     kind: Literal["random-qwen3"]
-    seed: int = 0
-    layers: int = 2
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
-    rope_theta: float = 10000.0
-    max_positions: int = 32768
-    init_std: float = 0.3
+    seed: int = pydantic.Field(default=0, ge=0)
+    layers: int = pydantic.Field(default=2, ge=1, le=256)
+    hidden_size: int = pydantic.Field(default=64, ge=1, le=1 << 16)
+    intermediate_size: int = pydantic.Field(default=128, ge=1, le=1 << 18)
+    heads: int = pydantic.Field(default=4, ge=1, le=1024)
+    kv_heads: int = pydantic.Field(default=2, ge=1, le=1024)
+    """Must divide ``heads`` (grouped-query attention)."""
+    head_dim: int = pydantic.Field(default=16, ge=2, le=1024)
+    """Even: RoPE rotates pairs of dimensions."""
+    rope_theta: float = pydantic.Field(default=10000.0, gt=0)
+    max_positions: int = pydantic.Field(default=32768, ge=1, le=1 << 24)
+    init_std: float = pydantic.Field(default=0.3, gt=0)
     """Weight init std: large enough that greedy outputs depend on the context (0.02 repeats one token)."""
+
+    @pydantic.model_validator(mode="after")
+    def _shapes_fit(self) -> RandomQwen3:
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"kv_heads ({self.kv_heads}) must divide heads ({self.heads}): each KV head serves a whole "
+                "group of query heads"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of dimensions")
+        return self
 
 
 Source = Annotated[GgufPackage | HubCheckpoint | RandomQwen3, pydantic.Field(discriminator="kind")]

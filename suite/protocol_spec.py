@@ -20,11 +20,16 @@ class SamplingSpec(StrictSpec):
     """0 = off."""
 
 
+MAX_TOKENS = 1 << 24
+"""Upper bound of every token count a spec gives (16M tokens): larger values are typos, never contexts."""
+
+
 class BudgetRule(StrictSpec):
     """K = N_avg / ratio rounded to a multiple of the buffer (at least one buffer above it), or a fixed K."""
 
-    ratio: float | None = pydantic.Field(default=None, gt=1.0)
-    fixed: int | None = pydantic.Field(default=None, gt=0)
+    ratio: float | None = pydantic.Field(default=None, gt=1.0, le=MAX_TOKENS)
+    """Compression: K = N_avg / ratio, so a ratio of 1 or less would not compress."""
+    fixed: int | None = pydantic.Field(default=None, gt=0, le=MAX_TOKENS)
 
     @pydantic.model_validator(mode="after")
     def _one_of(self) -> BudgetRule:
@@ -44,14 +49,14 @@ class ProtocolSpec(StrictSpec):
     name: str
     description: str
     protection: Literal["prompt", "sinks", "none"]
-    sinks: int = pydantic.Field(default=4, ge=0)
+    sinks: int = pydantic.Field(default=4, ge=0, le=MAX_TOKENS)
     """Protected leading tokens when ``protection: sinks``."""
     budget: BudgetRule
-    buffer: int = pydantic.Field(default=64, ge=1)
+    buffer: int = pydantic.Field(default=64, ge=1, le=1 << 16)
     order: Literal["chronological", "score"] = "chronological"
     sampling: dict[Family, SamplingSpec]
     """Sampling per model family; every family a run uses must be listed."""
-    seed: int = 0
+    seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
     baseline: str = "random"
     """The null baseline every policy is compared with (Random Attention)."""
     reference: str = "full"

@@ -45,7 +45,13 @@ def builtin_policies() -> dict[str, PolicyRef]:
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        except Exception as exc:  # a scorer dropped into policies/ that does not import
+            raise SpecError(
+                f"policies/{info.name}.py raised {type(exc).__name__} on import: {exc}; fix or remove it "
+                "(every module in policies/ is imported to find the registered policies)"
+            ) from exc
         classes = [c for c in vars(module).values() if is_policy_class(c) and c.__module__ == module.__name__]
         for cls in classes:
             if cls.name in found:
@@ -91,7 +97,14 @@ def _load_file(path_text: str, class_name: str) -> PolicyRef:
         raise SpecError(f"--policy {path_text}:{class_name}: {path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module, whatever it raises: say where, and what
+        del sys.modules[module_name]
+        raise SpecError(
+            f"--policy {path_text}:{class_name}: importing {path} raised {type(exc).__name__}: {exc}; "
+            f"fix the file (try `python {path}`) and run again"
+        ) from exc
     cls = getattr(module, class_name, None)
     if not is_policy_class(cls):
         names = [n for n, v in vars(module).items() if is_policy_class(v)]
@@ -116,6 +129,8 @@ def parse_policy_arg(text: str) -> tuple[str, str | None, dict[str, str]]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise SpecError(f"--policy {text!r}: parameter {item!r} is not key=value (e.g. rkv:lam=0.1)")
+        if key.strip() in params:
+            raise SpecError(f"--policy {text!r}: parameter {key.strip()!r} is given twice; give it once")
         params[key.strip()] = value.strip()
     return head, class_name, params
 

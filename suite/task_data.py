@@ -12,6 +12,8 @@ import hashlib
 import io
 import json
 import pickle
+import shutil
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +32,56 @@ class Problem:
     gold: dict[str, Any] = field(default_factory=dict)
 
 
-def _rows(task: TaskSpec, source: HubDataset, data: Path | None) -> list[dict[str, Any]]:
+def _load(source: HubDataset, where: dict[str, Any], cache_dir: str | None) -> Any:
     import datasets
 
-    where = {"path": str(data)} if data is not None else {"path": source.dataset, "revision": source.revision}
+    return datasets.load_dataset(
+        **where, name=source.config, split=source.split, data_files=source.data_files, cache_dir=cache_dir
+    )
+
+
+def _local_rows(task: TaskSpec, source: HubDataset, data: Path, fingerprint: str | None) -> Any:
+    """A local copy's rows, read from a private snapshot of the folder and never through a shared cache.
+
+    `datasets` caches a local folder by its name, not its content: an edited copy (or another folder of
+    the same name) would silently load stale rows, and private text would stay in the shared cache. The
+    folder is copied, the copy is fingerprinted (it must be what the run's identity recorded), and the
+    rows are built in a throwaway cache that is deleted with the copy.
+    """
+    with tempfile.TemporaryDirectory(prefix="kvbench-data-") as scratch:
+        copy = Path(scratch) / "data"
+        if data.is_dir():
+            shutil.copytree(data, copy)
+        else:
+            copy.mkdir()
+            shutil.copy2(data, copy / data.name)
+        if (
+            fingerprint is not None
+            and data_fingerprint(copy if data.is_dir() else copy / data.name) != fingerprint
+        ):
+            raise SpecError(
+                f"task {task.name!r}: --data {data} changed after this run was planned (its fingerprint "
+                f"is no longer {fingerprint}): run the command again"
+            )
+        try:
+            rows = _load(source, {"path": str(copy)}, cache_dir=str(Path(scratch) / "cache"))
+        except Exception as exc:  # datasets raises many kinds on a malformed file; all mean the same here
+            raise SpecError(
+                f"task {task.name!r}: cannot load --data {data} as the {source.dataset} dataset "
+                f"(split {source.split!r}): {type(exc).__name__}: {exc}. Give a copy in the hub's layout"
+            ) from None
+        return [dict(row) for row in rows]
+
+
+def _rows(
+    task: TaskSpec, source: HubDataset, data: Path | None, fingerprint: str | None = None
+) -> list[dict[str, Any]]:
+    if data is not None:
+        rows = _local_rows(task, source, data, fingerprint)
+        return [row for row in rows if all(str(row.get(k)) == v for k, v in source.where.items())]
     try:
-        rows = datasets.load_dataset(
-            **where, name=source.config, split=source.split, data_files=source.data_files
-        )
+        rows = _load(source, {"path": source.dataset, "revision": source.revision}, cache_dir=None)
     except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
-        if data is not None:
-            raise SpecError(f"task {task.name!r}: cannot load --data {data}: {exc}") from None
         raise PrerequisiteError(
             f"task {task.name!r} ({source.dataset} at revision {source.revision}) is not available offline "
             f"({type(exc).__name__}): on a machine with network, load it once so that the datasets cache "
@@ -50,11 +91,25 @@ def _rows(task: TaskSpec, source: HubDataset, data: Path | None) -> list[dict[st
     return selected
 
 
-def load_problems(task: TaskSpec, data: Path | None = None, limit: int | None = None) -> list[Problem]:
+def load_problems(
+    task: TaskSpec, data: Path | None = None, limit: int | None = None, fingerprint: str | None = None
+) -> list[Problem]:
+    """The task's problems (at most ``limit``); with ``data``, from that local copy, which must still have
+    ``fingerprint`` (the one the run's identity recorded) when one is given."""
     source = task.source
     fields = source.fields
     problems = []
-    for index, row in enumerate(_rows(task, source, data)):
+    rows = _rows(task, source, data, fingerprint)
+    needed = [c for c in (fields.id, fields.question, fields.answer, fields.correct) if c is not None]
+    needed += [*(fields.incorrect or []), *(fields.tests or [])]
+    missing = sorted({c for c in needed if rows and c not in rows[0]})
+    if missing:
+        origin = f"--data {data}" if data is not None else f"{source.dataset} at {source.revision}"
+        raise SpecError(
+            f"task {task.name!r}: {origin} has no column(s) {', '.join(missing)} (columns: "
+            f"{', '.join(rows[0])}): give a copy in the hub's layout, or fix the task's `fields`"
+        )
+    for index, row in enumerate(rows):
         problem_id = str(row[fields.id]) if fields.id else f"{source.split}-{index}"
         question = str(row[fields.question])
         if task.grader == "code":

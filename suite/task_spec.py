@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import pydantic
 
 from kvbench.errors import UnknownNameError
+from kvbench.protocol_spec import MAX_TOKENS
 from kvbench.specs import StrictSpec, load_spec
 
 
@@ -17,14 +18,14 @@ class ProbeSource(StrictSpec):
 
     kind: Literal["probe"]
     probe: Literal["passkey", "planted-fact", "fidelity"]
-    problems: int = pydantic.Field(gt=0)
-    length: int = pydantic.Field(gt=0)
+    problems: int = pydantic.Field(gt=0, le=1 << 20)
+    length: int = pydantic.Field(gt=0, le=MAX_TOKENS)
     """Tokens of the teacher-forced trace (prompt excluded): the task's N_avg."""
-    depth: int = 0
+    depth: int = pydantic.Field(default=0, ge=0, le=MAX_TOKENS)
     """Filler tokens between the needle and its query (needle probes)."""
-    pin_heads: int | None = None
+    pin_heads: int | None = pydantic.Field(default=None, ge=0)
     """planted-fact ablation: protect the needle's slots in exactly this many KV heads of every layer."""
-    seed: int = 0
+    seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
 
 
 class Fields(StrictSpec):
@@ -70,7 +71,7 @@ Source = Annotated[ProbeSource | HubDataset, pydantic.Field(discriminator="kind"
 class TaskSpec(StrictSpec):
     spec_version: Literal[1] = 1
     name: str
-    version: int = 1
+    version: int = pydantic.Field(default=1, ge=1)
     """Bump when problems, prompts or scoring change: it is part of every result's identity."""
     description: str
     source: Source
@@ -82,12 +83,14 @@ class TaskSpec(StrictSpec):
     prompt: str = "{question}"
     """The user turn: the placeholders {question} and (choice tasks) {choices} are replaced; nothing else
     is interpreted, so LaTeX braces such as \\boxed{} stay as written."""
-    max_new_tokens: int = pydantic.Field(default=32768, gt=0)
-    samples: int = pydantic.Field(default=1, gt=0)
+    max_new_tokens: int = pydantic.Field(default=32768, gt=0, le=MAX_TOKENS)
+    samples: int = pydantic.Field(default=1, gt=0, le=4096)
     """Samples per problem; the samples of one problem decode as one batch."""
     visibility: Literal["public", "private"] = "public"
     """Private tasks never store or show problem or output text."""
-    n_avg: dict[str, float] = pydantic.Field(default_factory=dict)
+    n_avg: dict[str, Annotated[float, pydantic.Field(gt=0, le=MAX_TOKENS)]] = pydantic.Field(
+        default_factory=dict
+    )
     """Reference mean generated length per model name; '*' applies to any model."""
     licence: str = "self-written synthetic data"
 

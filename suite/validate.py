@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.errors import SpecError
+from kvbench.errors import KvbenchError, SpecError
 from kvbench.model_spec import ModelSpec, load_model_spec, model_names
 from kvbench.protocol_spec import ProtocolSpec, load_protocol, protocol_names
 from kvbench.registry import make_policy
@@ -18,6 +18,7 @@ KINDS = {"models": ModelSpec, "protocols": ProtocolSpec, "suites": SuiteSpec, "t
 def _check_suite(suite: SuiteSpec) -> None:
     """A suite's references resolve: models, tasks, policies, protocol (with sampling for each family)."""
     protocol = load_protocol(suite.protocol)
+    _check_protocol(protocol)
     for model in suite.models:
         family = load_model_spec(model).family
         if family not in protocol.sampling:
@@ -26,8 +27,17 @@ def _check_suite(suite: SuiteSpec) -> None:
             )
     for task in suite.tasks:
         load_task(task)
-    for policy in [*suite.policies, protocol.baseline, protocol.reference]:
+    for policy in suite.policies:
         make_policy(policy)
+
+
+def _check_protocol(protocol: ProtocolSpec) -> None:
+    """A protocol's null baseline and reference name policies that exist."""
+    for field in ("baseline", "reference"):
+        try:
+            make_policy(getattr(protocol, field))
+        except KvbenchError as exc:
+            raise SpecError(f"protocol {protocol.name!r}, field `{field}`: {exc}") from None
 
 
 def _kind_of(path: Path) -> str:
@@ -46,7 +56,9 @@ def validate_paths(path: Path | None) -> list[tuple[str, str]]:
         for name in model_names():
             checked.append(("model", load_model_spec(name).name))
         for name in protocol_names():
-            checked.append(("protocol", load_protocol(name).name))
+            protocol = load_protocol(name)
+            _check_protocol(protocol)
+            checked.append(("protocol", protocol.name))
         for name in task_names():
             checked.append(("task", load_task(name).name))
         for name in suite_names():
@@ -62,5 +74,7 @@ def validate_paths(path: Path | None) -> list[tuple[str, str]]:
         spec = load_spec(file, KINDS[kind])
         if isinstance(spec, SuiteSpec):
             _check_suite(spec)
+        if isinstance(spec, ProtocolSpec):
+            _check_protocol(spec)
         checked.append((kind.rstrip("s"), spec.name))
     return checked

@@ -31,16 +31,21 @@ def test_the_docs_have_examples() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", ["README.md", "protocol.md"])
 def test_examples_run_in_order(doc: str, tmp_path: Path) -> None:
-    """In order, in one scratch folder: later examples use what earlier ones wrote (calibration, runs)."""
-    written: list[Path] = []
-    try:
-        for _, command in [e for e in examples() if e[0] == doc]:
-            args = shlex.split(command)
-            result = subprocess.run(
-                [KVBENCH, *args[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=900
-            )
-            assert result.returncode == 0, f"{doc}: {command}\n{result.stderr}"
-            written += [Path(m) for m in re.findall(r"^wrote (\S+\.py)$", result.stdout, flags=re.M)]
-    finally:
-        for path in written:  # `kvbench new-policy` writes into the package's policies/ folder
-            path.unlink(missing_ok=True)
+    """In order, in one scratch folder: later examples use what earlier ones wrote (calibration, runs).
+
+    `kvbench new-policy` writes into the scratch folder (``--dir``), never into the source tree, where a
+    killed test would leave a new "built-in"; the template it wrote must then load as a policy."""
+    from kvbench.registry import make_policy
+
+    written: list[str] = []
+    for _, command in [e for e in examples() if e[0] == doc]:
+        args = shlex.split(command)
+        if args[1] == "new-policy":
+            args += ["--dir", str(tmp_path / "scorers")]
+        result = subprocess.run(
+            [KVBENCH, *args[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=900
+        )
+        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr}"
+        written += re.findall(r"select it with --policy (\S+)$", result.stdout, flags=re.M)
+    for spec in written:
+        assert spec.startswith(str(tmp_path)) and make_policy(spec).name

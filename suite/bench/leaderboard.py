@@ -17,10 +17,10 @@ import duckdb
 from kvbench.runner.ingest import SCHEMA, SCHEMA_VERSION
 
 _RUN = """
-INSERT INTO runs (run_id, role, label, model, task, task_version, policy, policy_params, protocol,
-                  budget, buffer, n_avg, ratio, samples_per_problem, protocol_seed, visibility,
-                  kvbench_version, created, spec)
-VALUES (?, ?, ?, 'synthetic', ?, 1, ?, '{}', 'protect-prompt',
+INSERT INTO runs (run_id, role, label, adapter, device, dtype, attention, model, task, task_version, policy,
+                  policy_params, protocol, budget, buffer, n_avg, ratio, samples_per_problem, protocol_seed,
+                  visibility, kvbench_version, created, spec)
+VALUES (?, ?, ?, 'hf', 'cpu', 'float32', 'sdpa', 'synthetic', ?, 1, ?, '{}', 'protect-prompt',
         ?, 64, 1024, ?, ?, 0, 'public',
         'synthetic', ?, ?)
 """
@@ -50,6 +50,7 @@ def synthetic_store(
                 con.execute(
                     "INSERT INTO samples SELECT ?, ?, 'p' || p, md5('p' || p), s, p * 100 + s, "
                     "(hash(?, p, s) % 1000 < ?)::INTEGER::DOUBLE AS metric, metric > 0, metric > 0, 'stop', "
+                    "NULL, "
                     "100 + (hash(p, s) % 900)::INTEGER, 3, '{\"no_answer\": false}', 'answer ' || p, 0.1 "
                     "FROM range(?) r(p), range(?) q(s)",
                     [run_id, f"task-{t}", run_id, 300 + 10 * index, problems, samples],

@@ -4,22 +4,46 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 
 import torch
 
 
-def describe_machine(device: str = "cpu") -> dict[str, str | int]:
-    info: dict[str, str | int] = {
+def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
+    """The CPU, torch's build and, for a CUDA device, the GPU that ran: name, count, driver, CUDA."""
+    info: dict[str, str | int | None] = {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
         "torch_threads": torch.get_num_threads(),
         "device": device,
     }
     if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        index = torch.device(device).index or 0
+        info["gpu"] = torch.cuda.get_device_name(index)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(index).total_memory
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["gpu_driver"] = _nvidia_driver()
     return info
+
+
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver version, from nvidia-smi (torch does not report it)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else None
 
 
 def _cpu_model() -> str:

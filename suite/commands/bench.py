@@ -43,6 +43,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     board = kinds.add_parser("leaderboard", help="seconds to render the leaderboard as the database grows")
     board.set_defaults(func=bench_leaderboard_command)
 
+    sandbox = kinds.add_parser("sandbox", help="ms per code test inside the sandbox against a plain process")
+    sandbox.add_argument("--repeats", type=int, default=50)
+    sandbox.set_defaults(func=bench_sandbox_command)
+
+
+def bench_sandbox_command(args: argparse.Namespace) -> int:
+    from kvbench.bench.machine import describe_machine
+    from kvbench.bench.sandbox import time_sandbox
+
+    rows = time_sandbox(args.repeats)
+    table = Table(title="one code test: a plain subprocess against the sandbox (bwrap + harness + grading)")
+    for column in ("arm", "runs", "median ms", "p90 ms", "× plain"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for row in rows:
+        ratio = row.median_ms / rows[0].median_ms
+        table.add_row(row.arm, str(row.runs), f"{row.median_ms:.1f}", f"{row.p90_ms:.1f}", f"{ratio:.2f}")
+    console.print(table)
+    console.print(_machine_line(describe_machine()))
+    return 0
+
 
 def _machine_line(machine: dict) -> str:
     return (

@@ -36,7 +36,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--data", type=Path, help="a local copy of the one --task's dataset, in the hub's layout"
     )
     run.add_argument("--adapter", choices=["hf"], default="hf", help="backend (hf: transformers)")
-    run.add_argument("--device", default="cpu")
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the kind is part of the identity)")
+    run.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="override the model spec's dtype (default: the spec's)",
+    )
+    run.add_argument(
+        "--attention",
+        choices=["sdpa", "eager", "flash_attention_2"],
+        default="sdpa",
+        help="the attention implementation kvbench's attention wraps (default: sdpa)",
+    )
     run.add_argument("--no-baselines", action="store_true", help="skip the null and full-cache arms")
     run.add_argument("--json", type=Path, help="also write the final table to this file")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -66,6 +77,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     cmp.add_argument("--protocol")
     cmp.add_argument("--budget", type=int)
     cmp.add_argument("--against", default="random", help="the baseline policy (default: random, the null)")
+    cmp.add_argument("--seed", type=int, help="only runs under this protocol seed (default: every seed)")
     cmp.add_argument(
         "--pool",
         action="append",
@@ -112,9 +124,13 @@ def run_command(args: argparse.Namespace) -> int:
         data=str(args.data.resolve()) if args.data else None,
         max_new_tokens=args.max_new_tokens,
         allow_code_execution=args.allow_code_execution,
+        adapter=args.adapter,
+        device=args.device,
+        dtype=args.dtype,
+        attention=args.attention,
     )
     cells = plan(request)
-    timings = run_cells(cells, args.out, device=args.device, progress=not args.quiet)
+    timings = run_cells(cells, args.out, progress=not args.quiet)
     ingest_started = time.perf_counter()
     report = ingest(args.out)
     timings.ingest = time.perf_counter() - ingest_started
@@ -181,7 +197,10 @@ def run_command(args: argparse.Namespace) -> int:
         pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
         for model in dict.fromkeys(r.model for r in rows):
             pooled = compare(
-                report.snapshot, Filters(model=model, protocol=cells[0].protocol.name, pools=pools)
+                report.snapshot,
+                Filters(
+                    model=model, protocol=cells[0].protocol.name, pools=pools, seed=cells[0].protocol.seed
+                ),
             )
             pooled = [r for r in pooled if r["task"] in suite.groups]
             if pooled:
@@ -228,7 +247,8 @@ def compare_command(args: argparse.Namespace) -> int:
             f"no results database at {args.db}: run `kvbench run` (or `kvbench ingest`) first"
         )
     pools = tuple(_parse_pool(text) for text in args.pool)
-    rows = compare(args.db, Filters(args.model, args.task, args.protocol, args.budget, args.against, pools))
+    filters = Filters(args.model, args.task, args.protocol, args.budget, args.against, pools, args.seed)
+    rows = compare(args.db, filters)
     if args.format != "table":
         print(render(rows, args.format))
         return 0
@@ -259,6 +279,9 @@ def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:
         raise SpecError(
             f"--pool {text!r}: write NAME=TASK,TASK[,...] with two or more tasks, e.g. aime=aime25,aime26"
         )
+    repeated = sorted({t for t in members if members.count(t) > 1})
+    if repeated:
+        raise SpecError(f"--pool {text!r}: task(s) {', '.join(repeated)} listed twice; list each task once")
     return name, members
 
 

@@ -57,6 +57,11 @@ class ChoiceVerdict:
         """The letter the grader read."""
         return self.extracted
 
+    @property
+    def reason(self) -> str | None:
+        """Why the sample is not correct (None when it is)."""
+        return None if self.correct else "no answer" if self.no_answer else "wrong answer"
+
 
 def grade_choice(output: str, answer: str, *, thinking: bool = False) -> ChoiceVerdict:
     final = final_answer(output, thinking=thinking)

@@ -31,6 +31,13 @@ class MathVerdict:
         """What the grader read as the answer."""
         return self.extracted
 
+    @property
+    def reason(self) -> str | None:
+        """Why the sample is not correct (None when it is)."""
+        if self.correct:
+            return None
+        return "grader timeout" if self.grader_timeout else "no answer" if self.no_answer else "wrong answer"
+
 
 def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]:
     """Runs in a worker: parse gold and prediction (boxed first), then verify."""

@@ -40,13 +40,14 @@ class Timings:
 def _calibration(cell: Cell, loaded, cache: dict, timings: Timings) -> QueryStats | None:
     if "calibration" not in cell.policy.needs:
         return None
-    if cell.model.name not in cache:
+    key = (cell.model, cell.runtime)
+    if key not in cache:
         from kvbench.adapters.hf.calibrate import calibrate
 
         started = time.perf_counter()
-        cache[cell.model.name] = calibrate(loaded)
+        cache[key] = calibrate(loaded)
         timings.calibration += time.perf_counter() - started
-    return cache[cell.model.name]
+    return cache[key]
 
 
 def cell_problems(cell: Cell, loaded) -> list:
@@ -55,7 +56,9 @@ def cell_problems(cell: Cell, loaded) -> list:
         return probe_problems(cell, loaded)
     from kvbench.task_data import load_problems
 
-    return load_problems(cell.task, Path(cell.data) if cell.data else None, cell.limit)
+    if cell.data is None:
+        return load_problems(cell.task, None, cell.limit)
+    return load_problems(cell.task, Path(cell.data), cell.limit, fingerprint=cell.resolved["data"]["sha256"])
 
 
 def prompt_length(problem, loaded) -> int:
@@ -81,15 +84,15 @@ def check_cells(cells: Sequence[Cell], loaded, problems: dict[str, list]) -> Non
             )
 
 
-def run_cells(cells: Sequence[Cell], out: Path, *, device: str = "cpu", progress: bool = True) -> Timings:
-    """Run every cell, one model at a time; problems already stored are skipped."""
+def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Timings:
+    """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems."""
     timings = Timings()
-    extra = provenance()
     calibrations: dict[str, QueryStats] = {}
     with MathGrader() as math_grader:
-        for model_name in dict.fromkeys(c.model.name for c in cells):
-            model_cells = [c for c in cells if c.model.name == model_name]
-            _run_model(model_cells, out, device, progress, extra, calibrations, timings, math_grader)
+        for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
+            model_cells = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
+            extra = provenance(runtime.device)
+            _run_model(model_cells, out, progress, extra, calibrations, timings, math_grader)
     return timings
 
 
@@ -107,7 +110,6 @@ def _score(cell: Cell, loaded, problem, calibration, math_grader: MathGrader) ->
 def _run_model(
     model_cells: list[Cell],
     out: Path,
-    device: str,
     progress: bool,
     extra: dict,
     calibrations: dict,
@@ -116,13 +118,14 @@ def _run_model(
 ) -> None:
     from kvbench.adapters.hf.models import load_model
 
-    model_name = model_cells[0].model.name
+    spec, runtime = model_cells[0].model, model_cells[0].runtime
+    model_name = spec.name
     if not progress:  # quiet runs (CI logs) without transformers' weight-loading bar either
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
     started = time.perf_counter()
-    loaded = load_model(model_name, device=device)
+    loaded = load_model(spec, device=runtime.device, attention=runtime.attention)
     timings.model_load += time.perf_counter() - started
     problems = {c.task.name: cell_problems(c, loaded) for c in model_cells}
     check_cells(model_cells, loaded, problems)

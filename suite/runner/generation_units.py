@@ -80,6 +80,7 @@ def score_generation(
                 correct=verdict.correct,
                 strict_correct=verdict.correct and not truncated,
                 finish_reason=sample.finish_reason,
+                reason=verdict.reason,
                 generated_tokens=sample.generated,
                 evictions=sample.evictions,
                 secondary=secondary,

@@ -9,6 +9,7 @@ writer's file.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -20,8 +21,9 @@ from pathlib import Path
 import duckdb
 
 from kvbench.errors import PrerequisiteError
+from kvbench.runner.store import read_manifest, shard_problem
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DATABASE = "kvbench.duckdb"
 SNAPSHOT = "kvbench.snapshot.duckdb"
 
@@ -29,6 +31,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, role VARCHAR, label VARCHAR,
+    adapter VARCHAR, device VARCHAR, dtype VARCHAR, attention VARCHAR,
     model VARCHAR, task VARCHAR, task_version INTEGER, policy VARCHAR, policy_params JSON,
     protocol VARCHAR, protection VARCHAR, budget INTEGER, buffer INTEGER, n_avg DOUBLE, ratio DOUBLE,
     samples_per_problem INTEGER, protocol_seed BIGINT, visibility VARCHAR,
@@ -37,7 +40,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS samples (
     run_id VARCHAR, task VARCHAR, problem_id VARCHAR, problem_hash VARCHAR, sample INTEGER, seed BIGINT,
-    metric DOUBLE, correct BOOLEAN, strict_correct BOOLEAN, finish_reason VARCHAR, generated_tokens INTEGER,
+    metric DOUBLE, correct BOOLEAN, strict_correct BOOLEAN, finish_reason VARCHAR, reason VARCHAR,
+    generated_tokens INTEGER,
     evictions INTEGER, secondary JSON, output VARCHAR, wall_seconds DOUBLE,
     PRIMARY KEY (run_id, problem_id, sample)
 );
@@ -80,10 +84,16 @@ def _run_row(manifest: dict) -> tuple:
     spec = manifest["spec"]
     protocol, task = spec["protocol"], spec["task"]
     git = manifest.get("git") or {}
+    # a run planned before the runtime joined the identity ran with the hf adapter's defaults
+    runtime = spec.get("runtime") or {"adapter": "hf", "device": "cpu", "attention": "sdpa"}
     return (
         manifest["run_id"],
         manifest.get("role"),
         manifest.get("label"),
+        runtime["adapter"],
+        runtime["device"],
+        runtime.get("dtype", spec["model"]["dtype"]),
+        runtime["attention"],
         spec["model"]["name"],
         task["name"],
         task["version"],
@@ -134,13 +144,34 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
             )
 
 
+def _unreadable(root: Path, manifests: list[Path], shards: list[Path]) -> list[str]:
+    """Every manifest and new shard that does not read back, each with why."""
+    bad = [
+        f"{path}: not a JSON manifest with a resolved spec"
+        for path in manifests
+        if read_manifest(path) is None
+    ]
+    for path in shards:
+        problem = shard_problem(path)
+        if problem is not None:
+            bad.append(f"{path}: {problem}")
+    return bad
+
+
 def ingest(root: Path) -> IngestReport:
-    """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot."""
+    """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot.
+
+    Every manifest and new shard is read back before anything is written, and everything is written in
+    one transaction: a damaged file is named with what to do, and the database is left as it was.
+    """
     shard_root = root / "shards"
     with _writer_lock(root):
+        manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
+        files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
         database = root / DATABASE
         con = duckdb.connect(str(database))
         try:
+            con.execute("BEGIN TRANSACTION")
             con.execute(SCHEMA)
             found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if found is not None and found[0] != str(SCHEMA_VERSION):
@@ -148,26 +179,38 @@ def ingest(root: Path) -> IngestReport:
                     f"{database} has schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: the shards are "
                     f"the source of truth, so delete {database} and run `kvbench ingest --out {root}`"
                 )
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
-            for path in manifests:
-                row = _run_row(json.loads(path.read_text()))
-                con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
             done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
-            files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
             seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
-            new = [str(root / path) for path, print_ in seen.items() if done.get(path) != print_]
+            new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
+            bad = _unreadable(root, manifests, new)
+            if bad:
+                raise PrerequisiteError(
+                    f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "
+                    + "\n  ".join(bad)
+                    + "\nDelete (or move away) each damaged shard and run the same `kvbench run` again: it "
+                    "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
+                )
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+            for path in manifests:
+                row = _run_row(read_manifest(path))
+                con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
             if new:
                 # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts
-                con.execute("BEGIN TRANSACTION")
-                con.execute("INSERT OR REPLACE INTO samples SELECT * FROM read_parquet(?)", [new])
+                con.execute(
+                    "INSERT OR REPLACE INTO samples BY NAME SELECT * FROM read_parquet(?)",
+                    [[str(f) for f in new]],
+                )
                 con.executemany(
                     "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
                     [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
                 )
-                con.execute("COMMIT")
             _ingest_bench(con, root)
+            con.execute("COMMIT")
             con.execute("CHECKPOINT")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
+                con.execute("ROLLBACK")
+            raise
         finally:
             con.close()
         staging = root / f".{SNAPSHOT}.tmp"

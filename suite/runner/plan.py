@@ -16,9 +16,10 @@ from typing import Any, Literal
 from kvbench.contract import Policy
 from kvbench.errors import SpecError
 from kvbench.model_spec import ModelSpec, load_model_spec
-from kvbench.protocol_spec import ProtocolSpec, load_protocol
+from kvbench.protocol_spec import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.registry import make_policy, policy_record
 from kvbench.schedule import Schedule
+from kvbench.specs import validate_values, with_overrides
 from kvbench.suite_spec import SuiteSpec, load_suite
 from kvbench.task_spec import TaskSpec, load_task
 
@@ -26,6 +27,31 @@ RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
 
 Role = Literal["policy", "null", "reference"]
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+ADAPTERS = ("hf",)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how the cells run: part of every identity, so that results computed on one kind of
+    device, in one dtype or with one attention implementation are never reused for another."""
+
+    adapter: str = "hf"
+    device: str = "cpu"
+    """As given (``cuda:1``); the identity keeps only its kind (``cuda``)."""
+    attention: str = "sdpa"
+
+    @property
+    def device_kind(self) -> str:
+        return self.device.split(":", 1)[0]
+
+    def record(self, dtype: str) -> dict[str, str]:
+        return {
+            "adapter": self.adapter,
+            "device": self.device_kind,
+            "dtype": dtype,
+            "attention": self.attention,
+        }
 
 
 @dataclass(frozen=True)
@@ -41,6 +67,7 @@ class Cell:
     limit: int | None
     role: Role = "policy"
     data: str | None = None
+    runtime: Runtime = Runtime()
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -77,6 +104,11 @@ class RunRequest:
     """Caps the generated tokens of reasoning tasks (part of the task, hence of the identity)."""
     allow_code_execution: bool = False
     """Code tasks run model-written programs (sandboxed); they refuse to start without this."""
+    adapter: str = "hf"
+    device: str = "cpu"
+    dtype: str | None = None
+    """Overrides the model spec's dtype (part of the identity through the model)."""
+    attention: str = "sdpa"
 
 
 def _make_cell(
@@ -92,9 +124,11 @@ def _make_cell(
     limit: int | None,
     role: Role,
     data: str | None = None,
+    runtime: Runtime = Runtime(),
 ) -> Cell:
     resolved = {
         "runner_version": RUNNER_VERSION,
+        "runtime": runtime.record(model.dtype),
         "model": model.model_dump(mode="json"),
         "task": task.model_dump(mode="json"),
         "policy": policy_record(policy),
@@ -111,31 +145,89 @@ def _make_cell(
         resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
     if role == "reference":  # the full cache does not depend on K: one reference serves every budget
         resolved["budget"] = resolved["ratio"] = None
-    return Cell(model, task, policy, protocol, budget, n_avg, ratio, samples, limit, role, data, resolved)
+    return Cell(
+        model, task, policy, protocol, budget, n_avg, ratio, samples, limit, role, data, runtime, resolved
+    )
+
+
+def _runtime(request: RunRequest) -> Runtime:
+    if request.adapter not in ADAPTERS:
+        raise SpecError(f"--adapter {request.adapter!r}: known adapters are {', '.join(ADAPTERS)}")
+    if request.attention not in ATTENTION:
+        raise SpecError(f"--attention {request.attention!r}: use one of {', '.join(ATTENTION)}")
+    import torch
+
+    try:
+        device = torch.device(request.device)
+    except RuntimeError:
+        raise SpecError(
+            f"--device {request.device!r} is not a device torch knows: use cpu, cuda or cuda:N"
+        ) from None
+    if device.type not in ("cpu", "cuda"):
+        raise SpecError(f"--device {request.device!r}: the hf adapter runs on cpu or cuda")
+    return Runtime(adapter=request.adapter, device=str(device), attention=request.attention)
+
+
+def _one_spec_per_name(models: list[ModelSpec]) -> None:
+    by_name: dict[str, ModelSpec] = {}
+    for model in models:
+        held = by_name.setdefault(model.name, model)
+        if held != model:
+            raise SpecError(
+                f"two different model specs are both named {model.name!r} in this run: results are stored "
+                "and shown by model name, so give each spec its own `name`"
+            )
 
 
 def plan(request: RunRequest) -> list[Cell]:
-    """Every cell the request needs, baselines included, in a stable order."""
+    """Every cell the request needs, baselines included, in a stable order.
+
+    Every command-line value is validated by the same rules as the YAML field it overrides, before
+    anything loads; an error names the flag.
+    """
+    if request.budget is not None and request.ratio is not None:
+        raise SpecError("give --budget (a fixed K) or --ratio (K = N_avg/ratio), not both")
+    if request.budget is not None:
+        validate_values(
+            BudgetRule, {"fixed": request.budget}, {"fixed": "--budget"}, {"fixed": request.budget}
+        )
+    if request.ratio is not None:
+        validate_values(BudgetRule, {"ratio": request.ratio}, {"ratio": "--ratio"}, {"ratio": request.ratio})
+    runtime = _runtime(request)
     suite: SuiteSpec = load_suite(request.suite)
+    if request.limit is not None:
+        suite = with_overrides(suite, {"limit": request.limit}, {"limit": "--limit"})
     protocol = load_protocol(request.protocol or suite.protocol)
     if request.seed is not None:
-        protocol = protocol.model_copy(update={"seed": request.seed})
+        protocol = with_overrides(protocol, {"seed": request.seed}, {"seed": "--seed"})
     models = [load_model_spec(m) for m in (request.models or suite.models)]
+    if request.dtype is not None:
+        models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
+    _one_spec_per_name(models)
     tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
     running_code = [t.name for t in tasks if t.grader == "code"]
     if running_code and not request.allow_code_execution:
         raise SpecError(
-            f"task(s) {', '.join(running_code)} run model-written code (each test in a sandboxed subprocess "
-            "with CPU, memory, wall-clock and network limits): pass --allow-code-execution to run them"
+            f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "
+            "sandbox: no network, no host files, CPU, memory, process and wall-clock limits): pass "
+            "--allow-code-execution to run them"
         )
+    if running_code:  # before any model loads: no weaker sandbox exists to fall back to
+        from kvbench.graders.sandbox import Sandbox
+
+        Sandbox().check()
     if request.max_new_tokens is not None:
-        tasks = [t.model_copy(update={"max_new_tokens": request.max_new_tokens}) for t in tasks]
+        flags = {"max_new_tokens": "--max-new-tokens"}
+        tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]
+    if request.samples is not None:  # validated as the task field; recorded as the cell's samples
+        for task in tasks:
+            with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
     if request.data is not None and (len(tasks) != 1 or tasks[0].source.kind != "hub-dataset"):
         raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
     policies = [make_policy(p) for p in (request.policies or suite.policies)]
-    if request.budget is not None and request.ratio is not None:
-        raise SpecError("give --budget (a fixed K) or --ratio (K = N_avg/ratio), not both")
-    ratios: list[float | None] = [request.ratio] if request.ratio else list(suite.ratios or [None])
+    ratios: list[float | None] = (
+        [request.ratio] if request.ratio is not None else list(suite.ratios or [None])
+    )
     cells: list[Cell] = []
     for model in models:
         if model.family not in protocol.sampling:
@@ -177,10 +269,11 @@ def plan(request: RunRequest) -> list[Cell]:
                         budget=budget,
                         n_avg=n_avg or float("nan"),
                         ratio=used_ratio,
-                        samples=request.samples or task.samples,
-                        limit=request.limit if request.limit is not None else suite.limit,
+                        samples=request.samples if request.samples is not None else task.samples,
+                        limit=suite.limit,
                         role=role,
                         data=request.data,
+                        runtime=runtime,
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)

@@ -50,6 +50,10 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
         raise SpecError(f"task {task.name!r} is private: its outputs were never stored; rerun it instead")
     if task.grader == "code" and not allow_code_execution:
         raise SpecError("re-grading code runs model-written programs: pass --allow-code-execution")
+    if task.grader == "code":
+        from kvbench.graders.sandbox import Sandbox
+
+        Sandbox().check()
     data = Path(spec["data"]["path"]) if spec.get("data") else None
     problems = {p.problem_id: p for p in load_problems(task, data)}
     thinking = spec["model"]["family"] in THINKING_FAMILIES
@@ -74,6 +78,7 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
                 row.update(
                     metric=float(verdict.correct),
                     correct=verdict.correct,
+                    reason=verdict.reason,
                     secondary=json.dumps(secondary),
                     strict_correct=verdict.correct and not secondary.get("truncated", False),
                 )

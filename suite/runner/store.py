@@ -39,6 +39,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("correct", pa.bool_()),
         ("strict_correct", pa.bool_()),
         ("finish_reason", pa.string()),
+        ("reason", pa.string()),
         ("generated_tokens", pa.int32()),
         ("evictions", pa.int32()),
         ("secondary", pa.string()),
@@ -64,6 +65,7 @@ def sample_row(
     correct: bool | None,
     strict_correct: bool | None,
     finish_reason: str,
+    reason: str | None = None,
     generated_tokens: int,
     evictions: int,
     secondary: dict[str, Any],
@@ -82,6 +84,7 @@ def sample_row(
         "correct": correct,
         "strict_correct": strict_correct,
         "finish_reason": finish_reason,
+        "reason": reason,
         "generated_tokens": generated_tokens,
         "evictions": evictions,
         "secondary": json.dumps(secondary),
@@ -114,7 +117,7 @@ def git_state(where: Path) -> dict[str, Any]:
     return {"sha": sha, "dirty": bool(git("status", "--porcelain")) if sha else None}
 
 
-def provenance() -> dict[str, Any]:
+def provenance(device: str = "cpu") -> dict[str, Any]:
     import kvbench
 
     packages = {}
@@ -128,8 +131,31 @@ def provenance() -> dict[str, Any]:
         "git": git_state(Path(kvbench.__file__).resolve().parent),
         "packages": packages,
         "python": platform.python_version(),
-        "hardware": describe_machine(),
+        "hardware": describe_machine(device),
     }
+
+
+def shard_problem(path: Path) -> str | None:
+    """Why a shard cannot be used, or None when it reads back whole with the samples schema."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        return f"does not read back as Parquet ({exc})"
+    missing = [name for name in SAMPLE_SCHEMA.names if name not in table.column_names]
+    if missing:
+        return f"lacks the columns {', '.join(missing)}"
+    if table.num_rows == 0:
+        return "holds no sample"
+    return None
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """A run's manifest, or None when it does not read back as a JSON object with a resolved spec."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("spec"), dict) else None
 
 
 class ShardStore:
@@ -143,11 +169,19 @@ class ShardStore:
         return self.dir / f"{problem_key(problem_id)}.parquet"
 
     def has(self, problem_id: str) -> bool:
-        return self.shard(problem_id).is_file()
+        """Whether the problem's shard is stored *and reads back*; a damaged shard is set aside (renamed
+        ``*.parquet.damaged``), so that the problem is computed again."""
+        path = self.shard(problem_id)
+        if not path.is_file():
+            return False
+        if shard_problem(path) is not None:
+            os.replace(path, path.with_name(path.name + ".damaged"))
+            return False
+        return True
 
     def write_manifest(self, record: dict[str, Any], extra: dict[str, Any]) -> None:
         path = self.dir / "manifest.json"
-        if path.is_file():
+        if path.is_file() and read_manifest(path) is not None:
             return
         manifest = {"run_id": self.run_id, "spec": record, "created": time.time(), **extra}
         _atomic_write(path, lambda temp: Path(temp).write_text(json.dumps(manifest, indent=2, default=str)))

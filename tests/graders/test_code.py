@@ -1,12 +1,8 @@
-"""The code sandbox holds: every escape attempt is graded a failure within its limits, the grader unharmed."""
+"""The code grader: the last fenced block is the answer, stdin and functional tests, reasons for failures.
+
+Attacks on the sandbox are in test_sandbox.py."""
 
 from __future__ import annotations
-
-import os
-import time
-from pathlib import Path
-
-import pytest
 
 from kvbench.graders.code import CodeTest, Limits, extract_code, grade_code
 
@@ -37,32 +33,3 @@ def test_the_last_block_is_the_answer_and_no_block_is_no_answer() -> None:
     verdict = grade_code("I would add the numbers.", ADD, limits=LIMITS)
     assert verdict.no_answer and not verdict.correct
     assert grade_code("<think>```python\nprint(7)\n```", ADD, thinking=True, limits=LIMITS).no_answer
-
-
-ESCAPES = {
-    "infinite loop": "while True:\n    pass",
-    "memory bomb": "x = bytearray(8 << 30)\nprint(7)",
-    "fork bomb": "import os\nwhile True:\n    os.fork()",
-    "subprocess": "import subprocess\nprint(subprocess.run(['echo', '7'], capture_output=True).stdout)",
-    "network": "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\nprint(7)",
-    "write outside": "open(os.path.expanduser('/tmp/kvbench-escaped.txt'), 'w').write('x')\nprint(7)",
-    "parent environment": "print(os.environ.get('KVBENCH_SECRET', 'none'))",
-    "parent environment via /proc": "print(open(f'/proc/{os.getppid()}/environ').read())",
-    "exit before the tests": "import sys\nsys.exit(0)",
-    "sleeping": "import time\ntime.sleep(60)",
-}
-
-
-@pytest.mark.parametrize("name", list(ESCAPES))
-def test_escape_attempts_fail_within_their_limits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVBENCH_SECRET", "hunter2")
-    escaped = Path("/tmp/kvbench-escaped.txt")
-    escaped.unlink(missing_ok=True)
-    tests = [CodeTest("", "hunter2" if "environment" in name else "7", "stdin")]
-    started = time.perf_counter()
-    verdict = grade_code(fenced("import os\n" + ESCAPES[name]), tests, limits=LIMITS)
-    assert not verdict.correct, verdict
-    assert time.perf_counter() - started < LIMITS.wall_seconds + 5
-    assert not escaped.exists()
-    assert os.environ["KVBENCH_SECRET"] == "hunter2"  # the grader process is unharmed
-    assert grade_code(fenced("print(input())"), [CodeTest("ok\n", "ok", "stdin")], limits=LIMITS).correct

@@ -49,7 +49,7 @@ def test_compare_formats_and_filters(tmp_path: Path) -> None:
     assert [row["policy"] for row in table] == ["snapkv", "streaming"]
     markdown = kvbench("compare", "--format", "markdown", cwd=tmp_path).stdout
     assert (
-        markdown.splitlines()[0].startswith("| model | task | K | K/N_avg | policy |")
+        markdown.splitlines()[0].startswith("| model | task | runtime | K | K/N_avg | policy |")
         and "| snapkv |" in markdown
     )
     against = json.loads(
@@ -101,6 +101,22 @@ def test_a_larger_rerun_of_an_arm_supersedes_the_smaller_one(tmp_path: Path) -> 
         assert kvbench("run", *args, cwd=tmp_path).returncode == 0
     rows = json.loads(kvbench("compare", "--format", "json", cwd=tmp_path).stdout)
     assert [(r["policy"], r["problems"], r["excluded"]) for r in rows] == [("snapkv", 3, 0)]
+    assert (
+        kvbench(
+            "run",
+            "--model",
+            "tiny-qwen3",
+            "--task",
+            "passkey",
+            "--policy",
+            "snapkv",
+            "--limit",
+            "1",
+            "--quiet",
+            cwd=tmp_path,
+        ).returncode
+        == 0
+    )
     pooled = kvbench(
         "compare", "--pool", "one=fidelity,passkey", "--budget", "999", "--format", "json", cwd=tmp_path
     )

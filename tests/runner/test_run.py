@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,10 +64,39 @@ def test_run_writes_runs_and_samples_tables(tmp_path: Path) -> None:
     assert len(sample_keys(tmp_path / "runs")) == 6 * 2 * 2
 
 
+RESUMED = ["run", *TINY, "--policy", "snapkv", "--policy", "h2o", "--limit", "8", "--samples", "2"]
+
+
+def measured_rows(out: Path) -> list[tuple]:
+    """Every stored sample's values, timings left out: what a resumed run must reproduce exactly."""
+    con = duckdb.connect(str(out / "kvbench.duckdb"), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT run_id, problem_id, sample, seed, metric, correct, strict_correct, finish_reason, "
+            "generated_tokens, evictions, output, secondary FROM samples ORDER BY ALL"
+        ).fetchall()
+    finally:
+        con.close()
+    untimed = []
+    for *head, secondary in rows:
+        values = {k: v for k, v in json.loads(secondary).items() if not k.endswith("seconds")}
+        untimed.append((*head, json.dumps(values, sort_keys=True)))
+    return untimed
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[tuple]:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    assert kvbench(*RESUMED, cwd=root).returncode == 0
+    return measured_rows(root / "runs")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
-def test_an_interrupted_run_resumes_without_loss_or_duplicates(tmp_path: Path, stop: signal.Signals) -> None:
-    args = ["run", *TINY, "--policy", "snapkv", "--policy", "h2o", "--limit", "8", "--samples", "2"]
+def test_an_interrupted_run_resumes_without_loss_or_duplicates(
+    tmp_path: Path, stop: signal.Signals, uninterrupted: list[tuple]
+) -> None:
+    args = RESUMED
     process = subprocess.Popen([KVBENCH, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     shards = tmp_path / "runs" / "shards"
     deadline = time.time() + 300
@@ -85,6 +115,8 @@ def test_an_interrupted_run_resumes_without_loss_or_duplicates(tmp_path: Path, s
     expected = problems * 4 * 2  # problems × (2 policies, null, full) × samples
     assert len(rows) == len(set(rows)) == expected
     assert sample_keys(tmp_path / "runs") == rows
+    # and every value equals an uninterrupted run's: metrics, seeds, texts, measurements
+    assert measured_rows(tmp_path / "runs") == uninterrupted
 
 
 @pytest.mark.slow

@@ -40,6 +40,44 @@ def test_smollm2_loads_from_the_gguf_inside_its_package(smol: LoadedModel) -> No
     assert smol.stop_ids() == [2]
 
 
+CONVERT_AND_COMPARE = """
+import sys, torch, transformers
+from kvbench.adapters.hf.models import load_model
+loaded = load_model("smollm2-135m")
+gguf = loaded.provenance["gguf"]
+direct = transformers.AutoModelForCausalLM.from_pretrained(
+    gguf.rsplit("/", 1)[0], gguf_file=gguf.rsplit("/", 1)[1], dtype=torch.float32
+).eval()
+ids = torch.tensor([loaded.prompt_ids("Why is the sky blue?")])
+with torch.inference_mode():
+    gap = (loaded.model(input_ids=ids).logits - direct(input_ids=ids).logits).abs().max().item()
+print(loaded.provenance["converted"])
+print(gap)
+"""
+
+
+@pytest.mark.slow
+def test_the_embedded_model_converts_from_an_empty_cache(tmp_path: Path) -> None:
+    """A new machine's first load: the GGUF is converted into an empty cache, in a fresh process, with
+    only the declared dependencies; the converted weights give the GGUF's own logits."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "empty-cache"
+    env = {**os.environ, "KVBENCH_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", CONVERT_AND_COMPARE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    converted, gap = done.stdout.strip().splitlines()[-2:]
+    assert Path(converted).parent == cache / "models"
+    assert (Path(converted) / "model.safetensors").is_file() and (
+        Path(converted) / "tokenizer.json"
+    ).is_file()
+    assert float(gap) < 1e-4, f"converted weights drift from the GGUF's by {gap} in the logits"
+
+
 def _write_model_yaml(path: Path, source: str) -> Path:
     path.write_text(
         "spec_version: 1\nname: fixture\ndescription: a local fixture\nfamily: qwen3\ndtype: float32\n"

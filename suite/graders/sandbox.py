@@ -1,0 +1,314 @@
+"""The operating-system boundary around model-written programs: bubblewrap (Debian's `bubblewrap`).
+
+Every program runs in fresh user, mount, PID, IPC, UTS, cgroup and network namespaces made by ``bwrap``,
+started as an unprivileged user (a fresh, unused uid when the grader is root; ``nobody`` inside), with no
+capabilities:
+
+- the file system is ``/usr`` read-only (the interpreter and its libraries), the program's folder
+  read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal
+  ``/dev``; no home, no dataset cache, no /etc, nothing of the grader's;
+- the environment is cleared; the network namespace has only its own loopback;
+- rlimits cap CPU time, address space, file size, open files and processes (the last one counted for
+  that user alone, so a fork bomb stops at the cap);
+- the whole process tree dies with the namespace's init when the program ends or the wall limit kills
+  it, so nothing outlives grading and the wall limit is a hard limit;
+- stdout, stderr and the result channel are read with a byte cap each; over the cap the tree is killed.
+
+Where bwrap is missing or cannot make its namespaces, :func:`check` raises with what to install or
+enable: there is no weaker fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from kvbench.errors import PrerequisiteError
+
+HARNESS = Path(__file__).with_name("sandbox_child.py")
+NOBODY = 65534
+"""The user the program sees itself as, inside its user namespace."""
+FIRST_UID, UIDS = 1_500_000_000, 500_000_000
+"""Outside, each sandbox runs as a user drawn from this range, which no account uses."""
+BWRAP_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+INSIDE = "/sandbox"
+"""Where the program's folder (read-only) appears inside the sandbox."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 4
+    wall_seconds: float = 10.0
+    memory_bytes: int = 1 << 30
+    file_bytes: int = 16 << 20
+    """Largest file the program may write (into its tmpfs)."""
+    scratch_bytes: int = 64 << 20
+    """Size of the writable tmpfs."""
+    processes: int = 16
+    open_files: int = 64
+    output_bytes: int = 8 << 20
+    """Bytes read from stdout (and from stderr, and from the result channel) before the tree is killed."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    stdout: bytes
+    stderr: bytes
+    result: bytes
+    """What the harness wrote to the result channel (functional problems), read on a pipe the program
+    never holds."""
+    status: int | None
+    """Exit status of the program (None when it was killed by the grader)."""
+    killed: str | None = None
+    """Why the grader killed it: ``timeout`` or ``output limit``."""
+
+
+class SandboxUnavailableError(PrerequisiteError):
+    """The boundary cannot be set up on this machine; code tasks refuse to run."""
+
+
+def _mount_arguments(interpreter: Path) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        path = Path(top)
+        if path.is_symlink():  # merged /usr: /lib -> usr/lib
+            args += ["--symlink", os.readlink(path), top]
+        elif path.is_dir():
+            args += ["--ro-bind", top, top]
+    prefix = Path(sys.base_prefix).resolve()
+    if not interpreter.is_relative_to("/usr") and prefix.is_dir():
+        args += ["--ro-bind", str(prefix), str(prefix)]  # an interpreter outside /usr (pyenv, conda)
+    return args
+
+
+@cache
+def _interpreter() -> Path:
+    """The Python that runs programs: the system's /usr/bin/python3 where there is one (it needs no
+    folder outside /usr), else this process's own base interpreter."""
+    system = Path("/usr/bin/python3")
+    return system if system.is_file() else Path(sys.executable).resolve()
+
+
+def _as_unprivileged() -> dict:
+    """Popen arguments that start bwrap as a fresh unprivileged user when the grader is root.
+
+    Root's process count is never limited; a user of its own per program is, and shares its count with
+    nothing else (not even the exited sandboxes that the system has yet to reap). An unprivileged grader
+    starts bwrap as itself.
+    """
+    if os.geteuid() == 0:
+        uid = FIRST_UID + secrets.randbelow(UIDS)
+        return {"user": uid, "group": uid, "extra_groups": []}
+    return {}
+
+
+def _rlimits(limits: Limits):
+    def apply() -> None:
+        for which, value in (
+            (resource.RLIMIT_CPU, limits.cpu_seconds),
+            (resource.RLIMIT_AS, limits.memory_bytes),
+            (resource.RLIMIT_FSIZE, limits.file_bytes),
+            (resource.RLIMIT_NOFILE, limits.open_files),
+            (resource.RLIMIT_NPROC, limits.processes),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            resource.setrlimit(which, (value, value))
+
+    return apply
+
+
+class Sandbox:
+    """Runs programs inside bubblewrap. ``bwrap`` names the executable (default: the one on PATH)."""
+
+    def __init__(self, bwrap: str | None = None) -> None:
+        self.bwrap = bwrap or shutil.which("bwrap")
+
+    def command(self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1) -> list[str]:
+        """The bwrap command line running ``argv`` with the folder ``folder`` bound read-only inside."""
+        interpreter = _interpreter()
+        argv = [a.replace("{result_fd}", str(result_fd)) for a in argv]
+        return [
+            str(self.bwrap),
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            str(NOBODY),
+            "--gid",
+            str(NOBODY),
+            "--hostname",
+            "sandbox",
+            *_mount_arguments(interpreter),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(limits.scratch_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--ro-bind",
+            folder,
+            INSIDE,
+            "--chdir",
+            "/tmp",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/tmp",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "PYTHONHASHSEED",
+            "0",
+            "--",
+            str(interpreter),
+            "-I",
+            "-S",
+            *argv,
+        ]
+
+    def check(self) -> None:
+        """Raise SandboxUnavailableError, saying what to install or enable, unless the boundary works here."""
+        problem = _probe(self.bwrap)
+        if problem is not None:
+            raise SandboxUnavailableError(problem)
+
+    def run(self, files: dict[str, str], argv: list[str], stdin: bytes, limits: Limits) -> Outcome:
+        """Run ``argv`` (names of ``files`` become their paths inside) under the boundary.
+
+        The token ``{result_fd}`` in ``argv`` becomes the number of the result channel's write end.
+        """
+        self.check()
+        folder = Path(tempfile.mkdtemp(prefix="kvbench-program-"))
+        try:
+            for name, text in files.items():
+                (folder / name).write_text(text)
+                (folder / name).chmod(0o644)
+            folder.chmod(0o755)  # readable by the unprivileged user that runs the sandbox
+            inside = [f"{INSIDE}/{a}" if a in files else a for a in argv]
+            return _supervise(lambda fd: self.command(str(folder), inside, limits, fd), stdin, limits)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@cache
+def _probe(bwrap: str | None) -> str | None:
+    """None when bwrap can make its namespaces here; otherwise what is wrong and how to fix it."""
+    if bwrap is None or not Path(bwrap).is_file():
+        return (
+            "code tasks run model-written programs inside bubblewrap, which is not installed: "
+            "apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap, then run again"
+        )
+    folder = tempfile.mkdtemp(prefix="kvbench-probe-")
+    try:
+        os.chmod(folder, 0o755)
+        command = Sandbox(bwrap).command(folder, ["-c", "print('ok')"], Limits())
+        done = subprocess.run(
+            command, capture_output=True, timeout=60, env=BWRAP_ENVIRONMENT, **_as_unprivileged()
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap ({bwrap}) could not start: {exc}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if done.returncode != 0 or done.stdout.strip() != b"ok":
+        reason = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        return (
+            f"bubblewrap ({bwrap}) cannot create its namespaces here ({reason}): enable unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1, or user.max_user_namespaces > 0; in a "
+            "container, allow them in its security profile); code tasks do not run without the boundary"
+        )
+    return None
+
+
+def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
+    """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits."""
+    result_read, result_write = os.pipe()
+    process = subprocess.Popen(
+        command(result_write),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(result_write,),
+        env=BWRAP_ENVIRONMENT,  # bwrap's own processes are visible inside: they carry no secret either
+        preexec_fn=_rlimits(limits),
+        start_new_session=True,
+        **_as_unprivileged(),
+    )
+    os.close(result_write)
+    feeder = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
+    feeder.start()
+    streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr", result_read: "result"}
+    read: dict[str, bytearray] = {name: bytearray() for name in streams.values()}
+    selector = selectors.DefaultSelector()
+    for fd in streams:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    deadline = time.monotonic() + limits.wall_seconds
+    killed: str | None = None
+    open_fds = set(streams)
+    while open_fds and killed is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            killed = "timeout"
+            break
+        for key, _ in selector.select(timeout=min(remaining, 0.5)):
+            chunk = os.read(key.fd, 1 << 16)
+            if not chunk:
+                selector.unregister(key.fd)
+                open_fds.discard(key.fd)
+                continue
+            buffer = read[streams[key.fd]]
+            buffer += chunk
+            if len(buffer) > limits.output_bytes:
+                killed = "output limit"
+                del buffer[limits.output_bytes :]
+                break
+    status: int | None = None
+    if killed is None:
+        try:
+            status = process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            killed = "timeout"
+    if killed is not None:
+        _kill(process)
+    selector.close()
+    os.close(result_read)
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        pipe.close()
+    return Outcome(bytes(read["stdout"]), bytes(read["stderr"]), bytes(read["result"]), status, killed)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the program exited (or was killed) without reading all of its input
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill bwrap's process group; the namespace's init dies with it, and every process inside with it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

@@ -1,0 +1,220 @@
+"""Every value a user can pass is validated before a model loads, with one message naming the flag or
+field and the fix (issue: "validation of everything a user can pass"). Each case was a traceback or a
+silent wrong value before."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.errors import SpecError, UnknownNameError
+from kvbench.model_spec import load_model_spec
+from kvbench.protocol_spec import load_protocol
+from kvbench.registry import make_policy
+from kvbench.runner.plan import RunRequest, plan
+from kvbench.specs import SPEC_ROOT
+from kvbench.suite_spec import load_suite
+from kvbench.task_data import load_problems
+from kvbench.task_spec import load_task
+from kvbench.validate import validate_paths
+
+HUB = Path(__file__).resolve().parent / "fixtures" / "hub"
+TINY = ("tiny-qwen3",)
+
+
+def _plan(**fields) -> None:
+    plan(RunRequest(models=TINY, **fields))
+
+
+def _copy_builtin(tmp_path: Path, folder: str, name: str) -> Path:
+    target = tmp_path / folder
+    target.mkdir(exist_ok=True)
+    return Path(shutil.copy(SPEC_ROOT / folder / f"{name}.yaml", target / f"{name}.yaml"))
+
+
+# -- these raised tracebacks --------------------------------------------------------------------------
+def test_a_yaml_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "models" / "latin1.yaml"
+    path.parent.mkdir()
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(
+        SpecError, match=r"latin1.yaml: not UTF-8 text \(byte 0xe9 at offset 9\): save the file"
+    ):
+        load_model_spec(path)
+
+
+def test_a_policy_file_that_raises_on_import_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "broken_scorer.py"
+    path.write_text("import kvbench\nRATE = 1 / 0\n")
+    with pytest.raises(
+        SpecError, match=r"importing .*broken_scorer.py raised ZeroDivisionError: division by zero"
+    ):
+        make_policy(f"{path}:Broken")
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+@pytest.mark.parametrize("task", ["passkey", "gsm8k"])  # a probe and a hub task (the latter ran 1 problem)
+def test_limit_below_one(limit: int, task: str) -> None:
+    with pytest.raises(SpecError, match=rf"--limit {limit}: Input should be greater than or equal to 1"):
+        _plan(tasks=(task,), limit=limit, budget=512)
+
+
+@pytest.mark.parametrize("samples", [-2, 0])  # 0 silently became the task's default
+def test_samples_below_one(samples: int) -> None:
+    with pytest.raises(SpecError, match=rf"--samples {samples}: Input should be greater than 0 .*`samples`"):
+        _plan(samples=samples)
+
+
+def test_max_new_tokens_zero_on_a_generation_task() -> None:
+    with pytest.raises(SpecError, match=r"--max-new-tokens 0: Input should be greater than 0"):
+        _plan(tasks=("gsm8k",), max_new_tokens=0, budget=512)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("ratios: [0]", r"field `ratios.0`: Input should be greater than 1"),
+        ("ratios: [4, 4]", r"ratios \[4.0, 4.0\] repeat a value"),
+        ("limit: -3", r"field `limit`: Input should be greater than or equal to 1"),
+    ],
+)
+def test_suite_values(tmp_path: Path, line: str, message: str) -> None:
+    path = _copy_builtin(tmp_path, "suites", "quick")
+    path.write_text(
+        path.read_text().replace("limit: 4", line) if "limit" in line else path.read_text() + line
+    )
+    with pytest.raises(SpecError, match=message):
+        load_suite(path)
+
+
+def test_a_malformed_data_csv_is_named(tmp_path: Path) -> None:
+    data = shutil.copytree(HUB / "Idavidrein" / "gpqa", tmp_path / "gpqa")
+    (data / "gpqa_diamond.csv").write_text('Question,Correct Answer\n"unclosed,quote\nx,y,z,w\n')
+    with pytest.raises(SpecError, match=r"task 'gpqa-diamond': cannot load --data .*gpqa"):
+        load_problems(load_task("gpqa-diamond"), data)
+
+
+def test_data_without_the_task_columns_is_named(tmp_path: Path) -> None:
+    data = shutil.copytree(HUB / "Idavidrein" / "gpqa", tmp_path / "gpqa")
+    (data / "gpqa_diamond.csv").write_text("Question,Answer\nq,a\n")
+    with pytest.raises(
+        SpecError, match=r"has no column\(s\) Correct Answer, Incorrect Answer 1, .*Record ID"
+    ):
+        load_problems(load_task("gpqa-diamond"), data)
+
+
+# -- these ran with a wrong value -----------------------------------------------------------------------
+@pytest.mark.parametrize("ratio", [0, 1, 0.5])  # 0 became the protocol's 4; 1 and 0.5 gave K >= N_avg
+def test_ratio_at_most_one(ratio: float) -> None:
+    with pytest.raises(SpecError, match=rf"--ratio {ratio!r}: Input should be greater than 1"):
+        _plan(ratio=ratio)
+
+
+def test_budget_below_one() -> None:
+    with pytest.raises(SpecError, match=r"--budget 0: Input should be greater than 0"):
+        _plan(budget=0)
+
+
+def test_a_policy_parameter_given_twice() -> None:
+    with pytest.raises(SpecError, match=r"parameter 'lam' is given twice; give it once"):
+        make_policy("rkv:lam=0.1,lam=0.9")
+
+
+def test_a_duplicate_yaml_key(tmp_path: Path) -> None:
+    path = _copy_builtin(tmp_path, "protocols", "protect-prompt")
+    path.write_text(path.read_text() + "buffer: 32\n")
+    with pytest.raises(
+        SpecError, match=r"line 20, column 1: key .buffer. appears twice in one mapping \(first at line 10\)"
+    ):
+        load_protocol(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("heads: 4", r"field `source.random-qwen3.heads`: Input should be greater than or equal to 1"),
+        ("layers: 2", r"field `source.random-qwen3.layers`: Input should be greater than or equal to 1"),
+        ("kv_heads: 2", r"kv_heads \(3\) must divide heads \(4\)"),
+    ],
+)
+def test_impossible_model_shapes(tmp_path: Path, change: str, message: str) -> None:
+    path = _copy_builtin(tmp_path, "models", "tiny-qwen3")
+    key = change.split(":")[0]
+    bad = {"heads": "heads: 0", "layers": "layers: -1", "kv_heads": "kv_heads: 3"}[key]
+    assert change in path.read_text()
+    path.write_text(path.read_text().replace(change, bad))
+    with pytest.raises(SpecError, match=message):
+        validate_paths(path)
+
+
+def test_a_protocol_with_a_misspelled_baseline(tmp_path: Path) -> None:
+    path = _copy_builtin(tmp_path, "protocols", "protect-prompt")
+    path.write_text(path.read_text().replace("baseline: random", "baseline: randon"))
+    with pytest.raises(SpecError, match=r"field `baseline`: unknown policy 'randon'. Did you mean 'random'"):
+        validate_paths(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1.0e+6", "Input should be less than or equal to 65536"),  # ran with no eviction, broke ingest
+        ("1.0e+21", "Unable to parse input string as an integer, exceeded maximum size"),
+        ("1e21", "Input should be a valid integer"),  # YAML 1.1 reads this one as a string
+    ],
+)
+def test_an_absurd_buffer(tmp_path: Path, value: str, message: str) -> None:
+    path = _copy_builtin(tmp_path, "protocols", "protect-prompt")
+    path.write_text(path.read_text().replace("buffer: 64", f"buffer: {value}"))
+    with pytest.raises(SpecError, match=f"field `buffer`: {message}"):
+        load_protocol(path)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kvbench.bench.leaderboard import synthetic_store
+
+    database = tmp_path_factory.mktemp("pool") / "store.duckdb"
+    synthetic_store(database, policies=1, tasks=2, problems=5, samples=1)
+    return database
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        ("x=task-0,task-0", r"--pool 'x=task-0,task-0': task\(s\) task-0 listed twice"),
+        ("p=task-0,nonexistent", r"pool 'p': no stored runs of task\(s\) nonexistent; .* task-0, task-1"),
+    ],
+)
+def test_pools_that_cannot_be_compared(
+    stored: Path, pool: str, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["compare", "--db", str(stored), "--pool", pool]) == 2
+    assert __import__("re").search(message, " ".join(capsys.readouterr().err.split()))
+
+
+# -- what already held, kept ----------------------------------------------------------------------------
+def test_unknown_fields_wrong_types_and_names_still_fail(tmp_path: Path) -> None:
+    path = _copy_builtin(tmp_path, "protocols", "protect-prompt")
+    path.write_text(path.read_text().replace("buffer: 64", "buffer: lots\nbufer: 64"))
+    with pytest.raises(SpecError) as caught:
+        load_protocol(path)
+    assert "field `buffer`: Input should be a valid integer" in str(caught.value)
+    assert "field `bufer`: Extra inputs are not permitted (remove it" in str(caught.value)
+    with pytest.raises(UnknownNameError, match="Did you mean 'passkey'"):
+        _plan(tasks=("paskey",))
+
+
+def test_python_tags_and_alias_bombs_are_refused(tmp_path: Path) -> None:
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text("name: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(SpecError, match=r"not valid YAML.*could not determine a constructor"):
+        load_model_spec(tagged)
+    bomb = tmp_path / "bomb.yaml"
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb.write_text("\n".join(levels) + "\n")
+    with pytest.raises(SpecError, match="problem"):  # refused by validation, never expanded
+        load_model_spec(bomb)
