@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.graders.code import CodeTest, grade_code
-from kvbench.graders.sandbox import Sandbox, _interpreter
+from kvbench.graders.sandbox import Sandbox, interpreter
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -49,7 +49,7 @@ def time_sandbox(repeats: int = 50) -> list[SandboxTiming]:
     with tempfile.TemporaryDirectory() as folder:
         program = Path(folder) / "program.py"
         program.write_text(PROGRAM)
-        command = [str(_interpreter()), "-I", "-S", str(program)]
+        command = [str(interpreter()), "-I", "-S", str(program)]
 
         def plain() -> None:
             subprocess.run(command, input=b"3 4\n", capture_output=True, check=True, timeout=30)

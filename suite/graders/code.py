@@ -81,10 +81,9 @@ def _failure(outcome: Outcome) -> str | None:
 
 
 def _run_test(
-    sandbox: Sandbox, code: str, test: CodeTest, function: str | None, limits: Limits
+    sandbox: Sandbox, files: dict[str, str], test: CodeTest, function: str | None, limits: Limits
 ) -> str | None:
-    """None when the test passes, else why it failed."""
-    files = {"solution.py": code, "harness.py": HARNESS.read_text()}
+    """None when the test passes, else why it failed (``files``: the solution and the harness)."""
     if test.kind == "functional" and function:
         try:
             request = json.dumps({"args": [json.loads(line) for line in test.input.splitlines()]})
@@ -124,8 +123,9 @@ def grade_code(
         return CodeVerdict(correct=False, no_answer=True, failed="no code block")
     sandbox = sandbox or Sandbox()
     sandbox.check()  # a missing boundary stops the run, never grades a sample
+    files = {"solution.py": code, "harness.py": HARNESS.read_text()}  # read once for every test
     for number, test in enumerate(tests):
-        reason = _run_test(sandbox, code, test, function, limits)
+        reason = _run_test(sandbox, files, test, function, limits)
         if reason is not None:
             return CodeVerdict(correct=False, no_answer=False, failed=f"test {number}: {reason}")
     return CodeVerdict(correct=True, no_answer=False, failed=None)

@@ -96,7 +96,7 @@ def _mount_arguments(interpreter: Path) -> list[str]:
 
 
 @cache
-def _interpreter() -> Path:
+def interpreter() -> Path:
     """The Python that runs programs: the system's /usr/bin/python3 where there is one (it needs no
     folder outside /usr), else this process's own base interpreter."""
     system = Path("/usr/bin/python3")
@@ -139,7 +139,7 @@ class Sandbox:
 
     def command(self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1) -> list[str]:
         """The bwrap command line running ``argv`` with the folder ``folder`` bound read-only inside."""
-        interpreter = _interpreter()
+        python = interpreter()
         argv = [a.replace("{result_fd}", str(result_fd)) for a in argv]
         return [
             str(self.bwrap),
@@ -154,7 +154,7 @@ class Sandbox:
             str(NOBODY),
             "--hostname",
             "sandbox",
-            *_mount_arguments(interpreter),
+            *_mount_arguments(python),
             "--proc",
             "/proc",
             "--dev",
@@ -182,7 +182,7 @@ class Sandbox:
             "PYTHONHASHSEED",
             "0",
             "--",
-            str(interpreter),
+            str(python),
             "-I",
             "-S",
             *argv,

@@ -144,13 +144,9 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
             )
 
 
-def _unreadable(root: Path, manifests: list[Path], shards: list[Path]) -> list[str]:
+def _unreadable(manifests: dict[Path, dict | None], shards: list[Path]) -> list[str]:
     """Every manifest and new shard that does not read back, each with why."""
-    bad = [
-        f"{path}: not a JSON manifest with a resolved spec"
-        for path in manifests
-        if read_manifest(path) is None
-    ]
+    bad = [f"{path}: not a JSON manifest with a resolved spec" for path, m in manifests.items() if m is None]
     for path in shards:
         problem = shard_problem(path)
         if problem is not None:
@@ -182,7 +178,8 @@ def ingest(root: Path) -> IngestReport:
             done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
             seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
             new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
-            bad = _unreadable(root, manifests, new)
+            read = {path: read_manifest(path) for path in manifests}  # each manifest is read once
+            bad = _unreadable(read, new)
             if bad:
                 raise PrerequisiteError(
                     f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "
@@ -191,8 +188,8 @@ def ingest(root: Path) -> IngestReport:
                     "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
                 )
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            for path in manifests:
-                row = _run_row(read_manifest(path))
+            for manifest in read.values():
+                row = _run_row(manifest)
                 con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
             if new:
                 # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts
