@@ -53,8 +53,8 @@ leaderboard: venv
 
 # Mutation testing (mutmut, in a venv of its own) over the modules that turn samples into published
 # verdicts, against their fast tests; `mutmut results` lists the survivors, `mutmut show ID` one of them.
-MUTATED := suite/stats.py,suite/runner/check.py,suite/runner/compare.py,suite/runner/summary.py
-MUTANT_TESTS := tests/test_stats.py tests/test_stats_edges.py tests/runner/test_verdicts.py tests/runner/test_check_rules.py \
+MUTATED := suite/stats.py,suite/runner/check.py,suite/results/comparison.py,suite/runner/summary.py
+MUTANT_TESTS := tests/test_stats.py tests/test_stats_edges.py tests/runner/test_verdicts.py tests/runner/test_check_rules.py tests/runner/test_check_parts.py \
 	tests/runner/test_summary.py tests/leaderboard/test_queries.py
 mutants: venv
 	test -x .mutmut-venv/bin/mutmut || ($(PYTHON) -m venv .mutmut-venv && .mutmut-venv/bin/pip install -q mutmut==2.5.1)

@@ -6,7 +6,6 @@ KVBENCH_LEADERBOARD_DB (default: the published snapshot runs/kvbench.snapshot.du
 
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from kvbench.leaderboard import charts, queries
+from kvbench.stats import DRAWS
 
 DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
 DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"
@@ -24,7 +24,7 @@ BADGE_MARKDOWN = {
 }
 METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
-    f"({queries.DRAWS:,} draws). *average* pools the tasks, clustered by (task, problem). Δ vs null and the "
+    f"({DRAWS:,} draws). *average* pools the tasks, clustered by (task, problem). Δ vs null and the "
     "verdict: paired exact sign test against Random Attention on shared problems, Holm-corrected across "
     "this table's policies at α = 0.05. K/N_avg: the budget over the task's reference mean length."
 )
@@ -165,7 +165,7 @@ def _policy_view(query, table: queries.Table) -> None:
         st.info("No policy matches these filters.")
         return
     policy = st.selectbox("policy", names, key="policy")
-    _describe(policy)
+    _describe(query("policy_documentation", policy), policy)
     runs = query("policy_runs", policy)
     st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
     labels = {
@@ -188,21 +188,15 @@ def _budget(budget, ratio) -> str:
     return f"K={int(budget)}" + (f" (N_avg/{ratio:g})" if not pd.isna(ratio) else "")
 
 
-def _describe(policy: str) -> None:
-    from kvbench.errors import KvbenchError
-    from kvbench.registry import find_policy
-
-    try:
-        ref = find_policy(policy)
-    except KvbenchError:
-        st.caption(f"{policy}: not installed here, so only its stored results are shown.")
+def _describe(doc: dict | None, policy: str) -> None:
+    if doc is None:
+        st.caption(f"{policy}: no documentation was stored with its runs.")
         return
-    module = inspect.getmodule(ref.cls)
-    st.markdown(f"**{policy}** — {inspect.getdoc(ref.cls) or ''}")
-    if module is not None and module.__doc__:
-        st.markdown(module.__doc__)
-    needs = ", ".join(sorted(ref.cls.needs)) or "nothing beyond keys and values"
-    st.caption(f"source: {ref.source} · needs: {needs}")
+    st.markdown(f"**{policy}** — {doc['summary']}")
+    if doc["module_doc"]:
+        st.markdown(doc["module_doc"])
+    needs = ", ".join(doc["needs"]) or "nothing beyond keys and values"
+    st.caption(f"source: {doc['module']} (as stored with its newest run) · needs: {needs}")
 
 
 if __name__ == "__main__":

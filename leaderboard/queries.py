@@ -7,6 +7,7 @@ text of a private task is never selected (nor stored: the runner keeps only ids 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,11 +17,9 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
 from kvbench.runner.summary import CellSummary, most_complete, summarize
-from kvbench.stats import bootstrap_mean, compare_arms, paired_difference, pool, verdicts
-
-DRAWS = 2_000
-"""Bootstrap draws behind every interval the app shows (the CLI uses 10,000; the app must stay fast)."""
+from kvbench.stats import Estimate, bootstrap_mean, pool
 
 
 @contextmanager
@@ -52,10 +51,6 @@ class Compression:
     @property
     def label(self) -> str:
         return f"{self.ratio:g}x (K = N_avg/{self.ratio:g})" if self.ratio else f"fixed K = {self.budget}"
-
-
-RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
-"""A run's runtime as one label: arms are compared within one runtime, never across two."""
 
 
 @dataclass(frozen=True)
@@ -133,21 +128,6 @@ def _context_or_first(
     return runtime, seed
 
 
-_RUNS = f"""
-SELECT run_id, task, policy, policy_params, role, budget, n_avg, samples_per_problem FROM runs
-WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
-  AND (role = 'reference' OR (ratio = ?) OR (ratio IS NULL AND ? IS NULL AND budget = ?))
-ORDER BY created, run_id
-"""
-
-
-@dataclass(frozen=True)
-class Arm:
-    policy: str
-    params: str
-    role: str
-
-
 @dataclass(frozen=True)
 class Table:
     frame: pd.DataFrame
@@ -157,25 +137,15 @@ class Table:
     run_ids: list[str]
 
 
-def _arm_runs(
-    con: duckdb.DuckDBPyConnection,
-    model: str,
-    protocol: str,
-    compression: Compression,
-    runtime: str | None,
-    seed: int | None,
-) -> tuple[dict[Arm, dict[str, tuple]], dict[str, CellSummary]]:
-    ratio, budget = compression.ratio, compression.budget
-    runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-    rows = con.execute(_RUNS, [model, protocol, runtime, seed, ratio, ratio, budget]).fetchall()
-    summaries = summarize(con, [row[0] for row in rows])
-    arms: dict[Arm, dict[str, tuple]] = {}
-    for row in most_complete(rows, summaries, key=lambda r: (r[1], r[2], r[3], r[4])):
-        arms.setdefault(Arm(row[2], row[3], row[4]), {})[row[1]] = row
-    return arms, summaries
+def _in_table(run: StoredRun, compression: Compression) -> bool:
+    if run.role == "reference":
+        return True
+    if compression.ratio is not None:
+        return run.ratio == compression.ratio
+    return run.ratio is None and run.budget == compression.budget
 
 
-def _interval(estimate) -> str:
+def _interval(estimate: Estimate) -> str:
     if math.isnan(estimate.value):
         return "—"
     return f"{estimate.value:.3f} ± {(estimate.high - estimate.low) / 2:.3f}"
@@ -192,63 +162,50 @@ def leaderboard(
 ) -> Table:
     """Rows = policies (the null and the full cache included), columns = tasks and the pooled average.
 
-    The average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its verdict
-    come from the paired sign test on those clusters, Holm-corrected across every policy at this model,
-    protocol and compression. ``name`` then only selects which policies' rows are shown: a filter never
-    changes the family of the correction, hence never a verdict. When an arm was run more than once on a
-    task (say with a larger --limit), its run with the most samples stands for it.
+    The numbers come from the comparison builder (kvbench.results.comparison), as in `kvbench compare`:
+    the average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its
+    verdict come from the paired sign test on those clusters, Holm-corrected across every policy at this
+    model, protocol and compression. ``name`` then only selects which policies' rows are shown: a filter
+    never changes the family of the correction, hence never a verdict.
     """
     with connect(database) as con:
-        arms, summaries = _arm_runs(con, model, protocol, compression, runtime, seed)
-    tasks = sorted({task for arm, runs in arms.items() if arm.role != "reference" for task in runs})
+        runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
+        runs = [
+            r
+            for r in stored_runs(con, model=model, protocol=protocol)
+            if r.runtime == runtime and r.seed == seed and _in_table(r, compression)
+        ]
+        summaries = summarize(con, [r.run_id for r in runs])
+    tasks = sorted({r.task for r in runs if r.role != "reference"})
     # the full cache serves every budget: only its runs on this table's tasks count here
-    arms = {arm: {t: row for t, row in runs.items() if t in tasks} for arm, runs in arms.items()}
-    arms = {arm: runs for arm, runs in arms.items() if runs}
-    common = [t for t in tasks if all(t in runs for runs in arms.values())]
-    pooled = {arm: pool({t: summaries[runs[t][0]].scores for t in common}) for arm, runs in arms.items()}
-    null = next((arm for arm in arms if arm.role == "null"), None)
-    full = next((arm for arm in arms if arm.role == "reference"), None)
-    # a policy pairs with the null only where both ran the same samples per problem on every common task
-    tested = [
-        arm
-        for arm in arms
-        if arm.role == "policy" and null and all(arms[arm][t][7] == arms[null][t][7] for t in common)
-    ]
-    comparisons = verdicts([compare_arms(pooled[a], pooled[null], draws=DRAWS) for a in tested])
-    tests = dict(zip(tested, comparisons, strict=True))
-    shown = {
-        arm: runs for arm, runs in arms.items() if arm.role != "policy" or name.lower() in arm.policy.lower()
-    }
-    records = [
-        _record(arm, runs, tasks, pooled[arm], summaries, tests.get(arm), null, full, pooled)
-        for arm, runs in shown.items()
-    ]
-    frame = pd.DataFrame.from_records(records)
+    runs = [r for r in runs if r.task in tasks]
+    common = common_tasks(runs)
+    null = next((r.policy for r in runs if r.role == "null"), "random")
+    arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null)
+    shown = [a for a in arms if a.role != "policy" or name.lower() in a.policy.lower()]
+    frame = pd.DataFrame.from_records([_record(arm, tasks, summaries) for arm in shown])
     if not frame.empty:
         frame = frame.sort_values("average", ascending=False, kind="stable").reset_index(drop=True)
-    run_ids = [row[0] for runs in shown.values() for row in runs.values()]
+    run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
     return Table(frame, tasks, common, run_ids)
 
 
-def _record(arm, runs, tasks, mine, summaries, test, null, full, pooled) -> dict:
+def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary]) -> dict:
+    test = arm.test
     record: dict = {"policy": arm.policy, "role": arm.role}
     for task in tasks:
-        scores = summaries[runs[task][0]].scores if task in runs else None
-        record[task] = _interval(bootstrap_mean(list(scores.values()), draws=DRAWS)) if scores else "—"
-    average = bootstrap_mean(list(mine.values()), draws=DRAWS)
-    record["average"] = average.value
-    record["average ± CI"] = _interval(average)
-    record["Δ vs null"] = test.difference.value if test else (0.0 if arm == null else math.nan)
+        record[task] = _interval(arm.per_task[task]) if task in arm.per_task else "—"
+    record["average"] = arm.score.value
+    record["average ± CI"] = _interval(arm.score)
+    record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == "null" else math.nan)
     roles = {"null": "null", "reference": "reference", "policy": "no matching null"}
     record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, "—")
     record["p (Holm)"] = test.p_adjusted if test else math.nan
     record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
-    vs_full = paired_difference(mine, pooled[full], draws=DRAWS) if full and arm != full else None
-    record["Δ vs full"] = vs_full.value if vs_full else math.nan
-    ratios = [row[5] / row[6] for row in runs.values() if row[5] and row[6]]
-    record["K/N_avg"] = sum(ratios) / len(ratios) if ratios and arm.role != "reference" else math.nan
-    samples = sum(summaries[row[0]].samples for row in runs.values())
-    problems = sum(len(summaries[row[0]].scores) for row in runs.values())
+    record["Δ vs full"] = arm.vs_full.value if arm.vs_full else math.nan
+    record["K/N_avg"] = arm.k_over_n_avg
+    samples = sum(summaries[run.run_id].samples for run in arm.runs.values())
+    problems = sum(len(summaries[run.run_id].scores) for run in arm.runs.values())
     record["samples × problems"] = f"{samples // max(problems, 1)} × {problems}"
     record["parameters"] = arm.params
     return record
@@ -300,7 +257,7 @@ def budget_curves(
     for (policy, params, role, ratio), by_task in sorted(
         groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)
     ):
-        estimate = bootstrap_mean(list(pool(by_task).values()), draws=DRAWS)
+        estimate = bootstrap_mean(list(pool(by_task).values()))
         label = policy if len(settings[policy]) == 1 else f"{policy} {params}"
         records.append(
             {
@@ -359,7 +316,7 @@ def policy_runs(database: Path, policy: str) -> pd.DataFrame:
             [policy],
         ).df()
         summaries = summarize(con, list(runs["run_id"]))
-    estimates = [bootstrap_mean(list(summaries[r].scores.values()), draws=DRAWS) for r in runs["run_id"]]
+    estimates = [bootstrap_mean(list(summaries[r].scores.values())) for r in runs["run_id"]]
     runs["score"] = [e.value for e in estimates]
     runs["95% CI"] = [f"[{e.low:.3f}, {e.high:.3f}]" for e in estimates]
     runs["problems"] = [e.problems for e in estimates]
@@ -392,3 +349,14 @@ def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Where every number came from: run, spec hash, versions, hardware, date."""
     with connect(database) as con:
         return con.execute(_PROVENANCE, [run_ids]).df()
+
+
+def policy_documentation(database: Path, policy: str) -> dict | None:
+    """The documentation saved with the newest run of ``policy``: that of the code behind its numbers."""
+    with connect(database) as con:
+        found = con.execute(
+            "SELECT policy_doc FROM runs WHERE policy = ? AND policy_doc IS NOT NULL "
+            "ORDER BY created DESC LIMIT 1",
+            [policy],
+        ).fetchone()
+    return json.loads(found[0]) if found else None

@@ -9,7 +9,6 @@ z_f = q[f] + i·q[f + D/2] (rotate-half layout):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,9 +89,6 @@ class QueryStats:
             mean=torch.complex(tensors["mean_real"], tensors["mean_imag"]),
             mean_abs=tensors["mean_abs"],
         )
-
-    def describe(self) -> str:
-        return json.dumps({"model": self.model, "corpus": self.corpus, "tokens": self.tokens})
 
 
 def default_path(model: str, root: Path = Path("runs/calibration")) -> Path:

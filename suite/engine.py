@@ -84,10 +84,6 @@ class Evictor:
                 f"policy nothing to choose among K − B = {schedule.keep}: raise the budget"
             )
 
-    @property
-    def active(self) -> bool:
-        return self.policy.evicts
-
     def due(self, length: int) -> bool:
         return self.policy.evicts and self.schedule.due(length)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import pkgutil
 import sys
@@ -174,3 +175,17 @@ def policy_identity(policy: Policy) -> str:
     """A short stable hash of :func:`policy_record`."""
     text = json.dumps(policy_record(policy), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def policy_documentation(policy: Policy) -> dict[str, Any]:
+    """What the leaderboard shows about a policy, saved with each run: the documentation of the code that
+    produced the numbers, not of whatever version is installed where the leaderboard runs."""
+    cls = type(policy)
+    module = inspect.getmodule(cls)
+    return {
+        "name": policy.name,
+        "summary": inspect.getdoc(cls) or "",
+        "module_doc": (module.__doc__ or "") if module is not None else "",
+        "module": cls.__module__,
+        "needs": sorted(cls.needs),
+    }

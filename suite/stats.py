@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 
@@ -23,6 +25,28 @@ class Estimate:
     problems: int
 
 
+CACHED_RESAMPLES = 2**23
+"""Resample matrices up to this many entries (64 MiB) are kept, six at most; larger ones are redrawn."""
+
+
+@lru_cache(maxsize=6)
+def _cached_counts(n: int, draws: int, seed: int) -> np.ndarray:
+    return _resample_counts(n, draws, seed)
+
+
+def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
+    """[draws, n]: how often each of n problems appears in each bootstrap resample.
+
+    The resamples depend only on (n, draws, seed), so a table's many intervals over the same problems
+    share them; a mean is then one matrix product instead of a gather of draws × n values.
+    """
+    picks = np.random.default_rng(seed).integers(0, n, size=(draws, n))
+    rows = np.arange(draws)[:, None] * n
+    counts = np.bincount((picks + rows).ravel(), minlength=draws * n).reshape(draws, n).astype(float)
+    counts.flags.writeable = False  # shared between calls through the cache
+    return counts
+
+
 def bootstrap_mean(
     values: np.ndarray, *, draws: int = DRAWS, seed: int = SEED, level: float = 0.95
 ) -> Estimate:
@@ -30,8 +54,10 @@ def bootstrap_mean(
     values = np.asarray(values, dtype=float)
     if values.size == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(draws, values.size))].mean(axis=1)
+    n = values.size
+    resample = _cached_counts if n * draws <= CACHED_RESAMPLES else _resample_counts
+    counts = resample(n, draws, seed)
+    means = counts @ values / n
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return Estimate(float(values.mean()), float(low), float(high), int(values.size))
@@ -52,7 +78,7 @@ def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], floa
     return {(task, problem): value for task, scores in tasks.items() for problem, value in scores.items()}
 
 
-Verdict = str  # "beats null" | "ties null" | "loses to null"
+Verdict = Literal["beats null", "ties null", "loses to null"]
 
 
 @dataclass(frozen=True)

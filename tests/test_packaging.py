@@ -34,6 +34,12 @@ def test_wheel_maps_the_design_folders_into_one_package(tmp_path: Path) -> None:
     ):
         assert expected in names
     assert not any(n.startswith(("policies/", "suite/", "adapters/", "tests/")) for n in names)
+    # every package of the source tree is in the wheel: a subpackage missing from pyproject's list is not
+    mapped = {"suite": "kvbench", "policies": "kvbench/policies", "adapters": "kvbench/adapters",
+              "leaderboard": "kvbench/leaderboard", "tasks": "kvbench/tasks"}  # fmt: skip
+    for folder, package in mapped.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            assert f"{package}/{init.relative_to(ROOT / folder).as_posix()}" in names
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

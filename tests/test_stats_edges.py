@@ -82,3 +82,19 @@ def test_the_power_note_matches_the_exact_two_sided_sign_test(problems: int) -> 
         if sum(binom.pmf(k, problems, 0.5 + e / 1000) for k in reject if k > problems / 2) >= 0.8
     )
     assert resolvable_difference(problems) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("cap", [2**23, 0])  # the shared resamples, and those redrawn past the cap
+def test_the_bootstrap_resamples_problems_with_replacement_as_drawn(monkeypatch, cap: int) -> None:
+    import numpy as np
+
+    from kvbench import stats
+
+    monkeypatch.setattr(stats, "CACHED_RESAMPLES", cap)
+    values = np.random.default_rng(11).random(37)
+    picks = np.random.default_rng(stats.SEED).integers(0, values.size, size=(stats.DRAWS, values.size))
+    low, high = np.percentile(values[picks].mean(axis=1), [2.5, 97.5])
+    for _ in range(2):  # the second call reads the cache
+        estimate = stats.bootstrap_mean(values)
+        assert (estimate.low, estimate.high) == pytest.approx((low, high), abs=1e-12)
+        assert estimate.value == values.mean()

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,63 +20,31 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from kvbench.adapters.base import GREEDY, Generation, Sample, Sampling
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.contract import Policy
-from kvbench.schedule import ProtectedPrefix, Schedule
+from kvbench.schedule import Schedule
 from kvbench.seeding import generator
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Per-protocol sampling; temperature 0 means greedy (never for thinking models' benchmarks)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def processors(self) -> LogitsProcessorList:
-        steps = LogitsProcessorList()
-        if self.temperature > 0:
-            steps.append(TemperatureLogitsWarper(self.temperature))
-            if self.top_k > 0:
-                steps.append(TopKLogitsWarper(self.top_k))
-            if self.top_p < 1.0:
-                steps.append(TopPLogitsWarper(self.top_p))
-        return steps
-
-
-@dataclass
-class Sample:
-    tokens: list[int]
-    text: str
-    finish_reason: Literal["stop", "length"]
-    evictions: int
-    """Eviction events that happened while this sample was decoding."""
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class Generation:
-    samples: list[Sample]
-    prompt_tokens: int
-    eviction_events: int
-    eviction_seconds: float
-    decode_seconds: float
-    """Wall time of the decode steps (prefill excluded), evictions included."""
-    peak_kv_bytes: int
-    protected: ProtectedPrefix
-    settings: dict[str, Any] = field(default_factory=dict)
+def processors(sampling: Sampling) -> LogitsProcessorList:
+    """transformers' logits warpers for a protocol's sampling settings."""
+    steps = LogitsProcessorList()
+    if sampling.temperature > 0:
+        steps.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k > 0:
+            steps.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            steps.append(TopPLogitsWarper(sampling.top_p))
+    return steps
 
 
 def sample_next(logits: Tensor, sampling: Sampling, generators: Sequence[torch.Generator]) -> Tensor:
     """One next token per row: greedy, or sampled with each row's own generator."""
     if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
-    scores = sampling.processors()(None, logits.float())
+    scores = processors(sampling)(None, logits.float())
     probs = scores.softmax(dim=-1)
     return torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
 
@@ -90,7 +57,7 @@ def generate(
     schedule: Schedule,
     *,
     sample_seeds: Sequence[int],
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = GREEDY,
     max_new_tokens: int = 256,
     ignore_stop: bool = False,
     stop_ids: Sequence[int] | None = None,

@@ -9,33 +9,18 @@ Optionally a full-cache stream runs in lockstep, for KL(full ‖ policy) and top
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from kvbench.adapters.base import TeacherForced
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.contract import Policy
 from kvbench.engine import PinnedSlots
 from kvbench.registry import make_policy
 from kvbench.schedule import Schedule
-
-
-@dataclass
-class TeacherForced:
-    logprobs: Tensor
-    """[k, T] log p(continuation[t] | prompt, continuation[:t]) under the policy, per row."""
-    greedy_match: Tensor
-    """[k, T] bool: the policy's argmax equals continuation[t]."""
-    kl_to_full: Tensor | None
-    """[k, T] KL(full ‖ policy) of the next-token distributions, when a reference was asked for."""
-    top1_agrees_with_full: Tensor | None
-    """[k, T] bool: the policy's argmax equals the full cache's."""
-    eviction_events: int
-    eviction_seconds: float
-    peak_kv_bytes: int
 
 
 class _Stream:

@@ -9,7 +9,7 @@ reported with their ratio to ``random`` (the cheapest sensible policy: one draw,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch.utils.benchmark import Timer
@@ -91,7 +91,3 @@ def bench_evict(
         base = times["random"][0]
         results += [EvictTiming(n, batch, ms, ms / base, runs) for n, (ms, runs) in times.items()]
     return results
-
-
-def as_rows(results: Sequence[EvictTiming]) -> list[dict]:
-    return [asdict(r) for r in results]

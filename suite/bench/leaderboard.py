@@ -6,23 +6,27 @@ the null and the full cache included), so the app's queries and statistics do th
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
-from kvbench.runner.ingest import SCHEMA, SCHEMA_VERSION
+from kvbench.results.records import SCHEMA_VERSION, RunRecord, arrow_schema
+from kvbench.runner.ingest import SCHEMA
 
-_RUN = """
-INSERT INTO runs (run_id, role, label, adapter, device, dtype, attention, model, task, task_version, policy,
-                  policy_params, protocol, budget, buffer, n_avg, ratio, samples_per_problem, protocol_seed,
-                  visibility, kvbench_version, created, spec)
-VALUES (?, ?, ?, 'hf', 'cpu', 'float32', 'sdpa', 'synthetic', ?, 1, ?, '{}', 'protect-prompt',
-        ?, 64, 1024, ?, ?, 0, 'public',
-        'synthetic', ?, ?)
+# a policy's chance of a correct sample rises with its index, so verdicts vary
+_SAMPLES = """
+INSERT INTO samples BY NAME
+SELECT $run_id AS run_id, $task AS task, 'p' || p AS problem_id, md5('p' || p) AS problem_hash, s AS sample,
+       p * 100 + s AS seed, (hash($run_id, p, s) % 1000 < $chance)::INTEGER::DOUBLE AS metric,
+       metric > 0 AS correct, metric > 0 AS strict_correct, 'stop' AS finish_reason,
+       100 + (hash(p, s) % 900)::INTEGER AS generated_tokens, 3 AS evictions, false AS no_answer,
+       'synthetic' AS grader_version, 0.01 AS eviction_seconds, '{}' AS secondary, 'answer ' || p AS output,
+       0.1 AS wall_seconds
+FROM range($problems) r(p), range($samples) q(s)
 """
 
 
@@ -38,26 +42,53 @@ def synthetic_store(
             ("random", "null"),
             ("full", "reference"),
         ]
-        spec = json.dumps({"synthetic": True})
+        runs = []
         for t in range(tasks):
             for index, (policy, role) in enumerate(arms):
                 run_id = f"{t:02d}-{policy}"
-                budget = None if role == "reference" else 256
-                ratio = None if role == "reference" else 4.0
-                values = [run_id, role, f"synthetic/task-{t}/{policy}", f"task-{t}", policy, budget, ratio]
-                con.execute(_RUN, [*values, samples, time.time(), spec])
-                # a policy's chance of a correct sample rises with its index, so verdicts vary
-                con.execute(
-                    "INSERT INTO samples SELECT ?, ?, 'p' || p, md5('p' || p), s, p * 100 + s, "
-                    "(hash(?, p, s) % 1000 < ?)::INTEGER::DOUBLE AS metric, metric > 0, metric > 0, 'stop', "
-                    "NULL, "
-                    "100 + (hash(p, s) % 900)::INTEGER, 3, '{\"no_answer\": false}', 'answer ' || p, 0.1 "
-                    "FROM range(?) r(p), range(?) q(s)",
-                    [run_id, f"task-{t}", run_id, 300 + 10 * index, problems, samples],
-                )
+                runs.append(_run(run_id, role, f"task-{t}", policy, samples))
+                chance = 300 + 10 * index
+                values = {"run_id": run_id, "task": f"task-{t}", "chance": chance}
+                con.execute(_SAMPLES, values | {"problems": problems, "samples": samples})
+        con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
+        con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
         return con.execute("SELECT count(*) FROM samples").fetchone()[0]
     finally:
         con.close()
+
+
+def _run(run_id: str, role: str, task: str, policy: str, samples: int) -> dict:
+    reference = role == "reference"
+    return RunRecord(
+        run_id=run_id,
+        role=role,
+        label=f"synthetic/{task}/{policy}",
+        adapter="hf",
+        device="cpu",
+        dtype="float32",
+        attention="sdpa",
+        model="synthetic",
+        task=task,
+        task_version=1,
+        policy=policy,
+        policy_params={},
+        protocol="protect-prompt",
+        protection="prompt",
+        budget=None if reference else 256,
+        buffer=64,
+        n_avg=1024,
+        ratio=None if reference else 4.0,
+        samples_per_problem=samples,
+        protocol_seed=0,
+        visibility="public",
+        kvbench_version="synthetic",
+        git_sha=None,
+        git_dirty=None,
+        packages=None,
+        hardware=None,
+        created=time.time(),
+        spec={"synthetic": True},
+    ).row()
 
 
 @dataclass(frozen=True)
@@ -84,10 +115,17 @@ def time_render(database: Path, label: str, policies: int, rows: int) -> RenderT
     from kvbench.leaderboard.app import DATABASE_ENV
 
     app = Path(kvbench.leaderboard.__file__).with_name("app.py")
-    os.environ[DATABASE_ENV] = str(database)
-    started = time.perf_counter()
-    test = AppTest.from_file(str(app), default_timeout=120).run()
-    first = time.perf_counter() - started
+    saved = os.environ.get(DATABASE_ENV)
+    os.environ[DATABASE_ENV] = str(database)  # the app learns its database as under `kvbench leaderboard`
+    try:
+        started = time.perf_counter()
+        test = AppTest.from_file(str(app), default_timeout=120).run()
+        first = time.perf_counter() - started
+    finally:
+        if saved is None:
+            os.environ.pop(DATABASE_ENV)
+        else:
+            os.environ[DATABASE_ENV] = saved
     if test.exception:
         raise RuntimeError(f"the app failed on {label}: {test.exception[0].message}")
     started = time.perf_counter()

@@ -48,7 +48,8 @@ def load_calibration(policy, model: str, path: Path | None):
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from kvbench.adapters.hf.decode import Sampling, generate
+    from kvbench.adapters.base import Sampling
+    from kvbench.adapters.hf.decode import generate
     from kvbench.adapters.hf.models import load_model
     from kvbench.registry import make_policy
     from kvbench.seeding import sample_seed

@@ -35,7 +35,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--data", type=Path, help="a local copy of the one --task's dataset, in the hub's layout"
     )
-    run.add_argument("--adapter", choices=["hf"], default="hf", help="backend (hf: transformers)")
+    run.add_argument("--adapter", default="hf", help="backend, by name (hf: transformers; plugins add more)")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the kind is part of the identity)")
     run.add_argument(
         "--dtype",
@@ -44,7 +44,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument(
         "--attention",
-        choices=["sdpa", "eager", "flash_attention_2"],
         default="sdpa",
         help="the attention implementation kvbench's attention wraps (default: sdpa)",
     )
@@ -90,6 +89,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
     ingest.add_argument("--out", type=Path, default=Path("runs"))
+    ingest.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the database again from every shard (after a schema change); the old one is replaced "
+        "only once the new one is complete",
+    )
     ingest.set_defaults(func=ingest_command)
 
 
@@ -288,6 +293,6 @@ def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:
 def ingest_command(args: argparse.Namespace) -> int:
     from kvbench.runner.ingest import ingest
 
-    report = ingest(args.out)
+    report = ingest(args.out, rebuild=args.rebuild)
     print(f"ingested {report.files} new shard files from {report.runs} runs into {report.database}")
     return 0

@@ -31,7 +31,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 
@@ -64,10 +64,22 @@ class CellResult:
         return (self.high - self.low) / 2
 
 
+Status = Literal[
+    "same",
+    "regressed",
+    "spec changed",
+    "changed, code unchanged",
+    "changed with the environment",
+    "changed with its code",
+    "no reference",
+    "dropped",
+]
+
+
 @dataclass(frozen=True)
 class Finding:
     key: str
-    status: str
+    status: Status
     fails: bool
     reference: CellResult | None
     now: CellResult | None
@@ -89,9 +101,12 @@ def code_hash(cell: Cell) -> str:
 
 _OUTPUTS = """
 SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions,
-       output, secondary
+       output, secondary, no_answer, grader_version, answer_logprob, kl_to_full
 FROM samples WHERE run_id = ? ORDER BY problem_id, sample
 """
+# The measurements that have their own columns, under the names the digest has always used for them
+# (they were keys of `secondary` until schema 5): the reference's digests stay comparable.
+_MEASURED = ("no_answer", "grader", "answer_logprob", "kl_to_full")
 
 
 def collect(cells: list[Cell], database: Path) -> list[CellResult]:
@@ -107,7 +122,8 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             digest = hashlib.sha256()
             for row in con.execute(_OUTPUTS, [cell.run_id]).fetchall():
                 metric = None if row[2] is None else round(row[2], 12)
-                digest.update(repr((*row[:2], metric, *row[3:-1], _measurements(row[-1]))).encode())
+                measured = {k: v for k, v in zip(_MEASURED, row[10:], strict=True) if v is not None}
+                digest.update(repr((*row[:2], metric, *row[3:9], _measurements(row[9], measured))).encode())
             score = bootstrap_mean(list(summary.scores.values()))
             results.append(
                 CellResult(
@@ -126,10 +142,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
         con.close()
 
 
-def _measurements(secondary: str | None) -> str:
-    """A sample's secondary numbers (KL to the full cache, the answer's log-probability, ...) without
-    its wall-clock timings, which no two runs share."""
-    values = json.loads(secondary or "{}")
+def _measurements(secondary: str | None, measured: dict[str, Any]) -> str:
+    """A sample's measurements (KL to the full cache, the answer's log-probability, ...) and further
+    details, without its wall-clock timings, which no two runs share."""
+    values = {**json.loads(secondary or "{}"), **measured}
     kept = {
         key: round(value, 9) if isinstance(value, float) else value
         for key, value in values.items()

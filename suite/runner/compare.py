@@ -14,14 +14,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import duckdb
 
 from kvbench.errors import SpecError
-from kvbench.runner.summary import CellSummary, most_complete, summarize
-from kvbench.stats import Estimate, PairedComparison, bootstrap_mean, compare_arms, paired_difference, pool
-from kvbench.stats import verdicts as holm_verdicts
+from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
+from kvbench.runner.summary import CellSummary, summarize
 
 
 @dataclass(frozen=True)
@@ -70,48 +68,12 @@ COLUMNS = (
     "excluded",
 )
 
-_RUNS = (
-    "SELECT run_id, model, task, protocol, adapter || '/' || device || '/' || dtype || '/' || attention, "
-    "protocol_seed, samples_per_problem, budget, ratio, n_avg, policy, policy_params, role FROM runs "
-    "WHERE (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?) "
-    "ORDER BY created, run_id"
-)
-
-
-class _Run(NamedTuple):
-    run_id: str
-    model: str
-    task: str
-    protocol: str
-    runtime: str
-    """adapter/device/dtype/attention: arms are only ever paired within one runtime."""
-    seed: int
-    """The protocol seed: every sample's seed and eviction draws derive from it."""
-    samples: int
-    """Samples per problem."""
-    budget: int | None
-    ratio: float | None
-    n_avg: float | None
-    policy: str
-    params: str
-    role: str
-
-    @property
-    def arm(self) -> tuple[str, str]:
-        return self.policy, self.params
-
-    @property
-    def context(self) -> tuple:
-        """What a policy and its baseline must share to be paired: model, task, protocol, runtime, seed
-        and samples per problem (the problems are matched by id)."""
-        return self[1:7]
-
 
 def compare(database: Path, filters: Filters) -> list[dict]:
     con = duckdb.connect(str(database), read_only=True)
     try:
         # every filter is a bound parameter: widget or CLI values never become SQL
-        runs = [_Run(*r) for r in con.execute(_RUNS, [filters.model] * 2 + [filters.protocol] * 2).fetchall()]
+        runs = stored_runs(con, model=filters.model, protocol=filters.protocol)
         summaries = summarize(con, [r.run_id for r in runs])
     finally:
         con.close()
@@ -125,9 +87,6 @@ def compare(database: Path, filters: Filters) -> list[dict]:
                 + (f" for model {filters.model!r}" if filters.model else "")
                 + f"; tasks with stored runs: {', '.join(sorted(stored)) or 'none'}"
             )
-    # an arm run again with a larger --limit (a new run id) supersedes its smaller run
-    runs = most_complete(runs, summaries, key=lambda r: r[1:])
-    runs.sort(key=lambda r: (*r.context, r.budget or 0, r.policy, r.params))
     rows = _per_task(runs, summaries, filters)
     for name, tasks in filters.pools:
         if filters.task is None or filters.task in (name, *tasks):
@@ -135,127 +94,83 @@ def compare(database: Path, filters: Filters) -> list[dict]:
     return rows
 
 
-def _per_task(runs: list[_Run], summaries: dict[str, CellSummary], filters: Filters) -> list[dict]:
+def _tables(runs: list[StoredRun], key) -> dict[tuple, list[StoredRun]]:
+    """The non-reference runs grouped by ``key`` (tables ordered by context, budget and policy; each
+    table's runs kept in creation order, which decides which of two equal runs stands for an arm)."""
+    members = [r for r in runs if r.role != "reference"]
+    ordered = sorted(members, key=lambda r: (r.context, r.budget or 0, r.policy, r.params))
+    return {table: [r for r in members if key(r) == table] for table in dict.fromkeys(map(key, ordered))}
+
+
+def _per_task(runs: list[StoredRun], summaries: dict[str, CellSummary], filters: Filters) -> list[dict]:
     runs = [r for r in runs if filters.task is None or r.task == filters.task]
-    references = {r.context: r for r in runs if r.role == "reference"}
     rows: list[dict] = []
-    for key in dict.fromkeys((r.context, r.budget) for r in runs if r.budget is not None):
-        context, budget = key
+    for (context, budget), members in _tables(runs, key=lambda r: (r.context, r.budget)).items():
         if filters.budget is not None and budget != filters.budget:
             continue
-        group = [r for r in runs if (r.context, r.budget) == key]
-        baseline = next((r for r in group if r.policy == filters.against), None)
-        arms = [r for r in group if r is not baseline and r.role != "reference"]
-        full = references.get(context)
-        scores = {r.run_id: summaries[r.run_id].scores for r in group}
-        tested: list[PairedComparison | None] = [None] * len(arms)
-        if baseline is not None:  # never paired with another seed's, runtime's or sample count's null
-            tested = holm_verdicts([compare_arms(scores[r.run_id], scores[baseline.run_id]) for r in arms])
-        for run, test in zip(arms, tested, strict=True):
-            vs_full = paired_difference(scores[run.run_id], summaries[full.run_id].scores) if full else None
-            k_over_n = run.budget / run.n_avg if run.n_avg else math.nan
-            rows.append(
-                _row(context, budget, run.ratio, k_over_n, run, [summaries[run.run_id]], test, vs_full)
-            )
+        references = [r for r in runs if r.role == "reference" and r.context == context]
+        arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=filters.against)
+        rows += [
+            _row(context, budget, members[0].ratio, arm, pooled=False)
+            for arm in _sorted(arms, filters.against)
+        ]
     return rows
 
 
 def _pooled(
-    name: str, tasks: tuple[str, ...], runs: list[_Run], summaries: dict[str, CellSummary], filters: Filters
+    name: str,
+    tasks: tuple[str, ...],
+    runs: list[StoredRun],
+    summaries: dict[str, CellSummary],
+    filters: Filters,
 ) -> list[dict]:
-    """One table per (model, protocol, ratio or fixed K): arms that ran every task of the group, pooled."""
-    members = [r for r in runs if r.task in tasks and r.role != "reference"]
-    rows: list[dict] = []
+    """One table per (model, protocol, runtime, seed, ratio or fixed K): arms that ran every task, pooled."""
 
-    def shared(r: _Run) -> tuple:  # the pairing context without the task (samples are per task)
+    def shared(r: StoredRun) -> tuple:  # the pairing context without the task
         return r.model, r.protocol, r.runtime, r.seed
 
-    groups = dict.fromkeys((shared(r), r.ratio, None if r.ratio else r.budget) for r in members)
-    for context, ratio, budget in groups:
+    members = [r for r in runs if r.task in tasks]
+    rows: list[dict] = []
+    for (context, ratio, budget), group in _tables(
+        members, key=lambda r: (shared(r), r.ratio, None if r.ratio else r.budget)
+    ).items():
         if filters.budget is not None and budget != filters.budget:
             continue
-        here = [r for r in members if (shared(r), r.ratio) == (context, ratio)]
-        here = [r for r in here if ratio is not None or r.budget == budget]
-        complete: dict[tuple[str, str], dict[str, _Run]] = {}
-        for arm in dict.fromkeys(r.arm for r in here):
-            by_task = {r.task: r for r in here if r.arm == arm}
-            if set(by_task) == set(tasks):
-                complete[arm] = by_task
-        baseline = next((arm for arm in complete if arm[0] == filters.against), None)
-        if baseline is None:
+        references = [r for r in members if r.role == "reference" and shared(r) == context]
+        arms = compare_table(group + references, summaries, tasks=tasks, baseline=filters.against)
+        if not any(a.policy == filters.against and a.role != "reference" for a in arms):
             continue
-        # an arm pairs with the baseline only where every task ran with the same samples per problem
-        arms = [
-            arm
-            for arm in complete
-            if arm != baseline
-            and all(complete[arm][t].samples == complete[baseline][t].samples for t in tasks)
-        ]
-        if not arms:
-            continue
-        pooled = {
-            arm: pool({task: summaries[run.run_id].scores for task, run in by_task.items()})
-            for arm, by_task in complete.items()
-        }
-        fulls = {r.task: r for r in runs if r.role == "reference" and shared(r) == context}
-        full = (
-            pool({t: summaries[fulls[t].run_id].scores for t in tasks}) if set(tasks) <= set(fulls) else None
-        )
-        tested = holm_verdicts([compare_arms(pooled[arm], pooled[baseline]) for arm in arms])
-        for arm, test in zip(arms, tested, strict=True):
-            parts = list(complete[arm].values())
-            vs_full = paired_difference(pooled[arm], full) if full else None
-            k_over_n = [r.budget / r.n_avg for r in parts if r.n_avg]
-            model, protocol, runtime, seed = context
-            row = _row(
-                (model, name, protocol, runtime, seed, None),
-                budget,
-                ratio,
-                1 / ratio if ratio else sum(k_over_n) / len(k_over_n) if k_over_n else math.nan,
-                parts[0],
-                [summaries[r.run_id] for r in parts],
-                test,
-                vs_full,
-                pooled_scores=pooled[arm],
-            )
-            rows.append(row)
+        model, protocol, runtime, seed = context
+        key = (model, name, protocol, runtime, seed)
+        rows += [_row(key, budget, ratio, arm, pooled=True) for arm in _sorted(arms, filters.against)]
     return rows
 
 
-def _row(
-    key: tuple,
-    budget: int | None,
-    ratio: float | None,
-    k_over_n_avg: float,
-    run: _Run,
-    parts: list[CellSummary],
-    test: PairedComparison | None,
-    vs_full: Estimate | None,
-    pooled_scores: dict | None = None,
-) -> dict:
-    """One comparison row; ``test`` is None when no baseline of the same context was stored."""
-    scores = pooled_scores if pooled_scores is not None else parts[0].scores
-    strict = pool({str(i): p.strict for i, p in enumerate(parts)})
-    samples = sum(p.samples for p in parts)
+def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
+    """The arms a comparison lists (neither the baseline nor the full cache), by policy and parameters."""
+    shown = [a for a in arms if a.role != "reference" and a.policy != against]
+    return sorted(shown, key=lambda a: (a.policy, a.params))
 
-    def rate(field: str) -> float:
-        return sum(getattr(p, field) * p.samples for p in parts) / samples if samples else math.nan
 
-    score = bootstrap_mean(list(scores.values()))
+def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *, pooled: bool) -> dict:
+    """One comparison row, formatted from the builder's result."""
+    test = arm.test
+    samples = None if pooled else next(iter(arm.runs.values())).samples
     values = (
-        *key,
+        *key[:5],
+        samples,
         budget,
         ratio,
-        k_over_n_avg,
-        run.policy,
-        run.params,
-        score.value,
-        score.low,
-        score.high,
-        bootstrap_mean(list(strict.values())).value,
-        rate("truncation_rate"),
-        rate("no_answer_rate"),
-        rate("mean_generated_tokens"),
+        arm.k_over_n_avg,
+        arm.policy,
+        arm.params,
+        arm.score.value,
+        arm.score.low,
+        arm.score.high,
+        arm.strict.value,
+        arm.truncation_rate,
+        arm.no_answer_rate,
+        arm.mean_generated_tokens,
         *(
             (
                 test.difference.value,
@@ -270,9 +185,9 @@ def _row(
             if test is not None
             else (None,) * 7 + (NO_BASELINE,)
         ),
-        None if vs_full is None else vs_full.value,
-        score.problems,
-        samples,
+        None if arm.vs_full is None else arm.vs_full.value,
+        arm.score.problems,
+        arm.samples,
         len(test.excluded) if test is not None else 0,
     )
     return dict(zip(COLUMNS, values, strict=True))
@@ -291,10 +206,6 @@ def render(rows: list[dict], fmt: str) -> str:
     lines += ["| " + " | ".join(display_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
-
-NO_BASELINE = "no matching baseline"
-"""The verdict of a policy whose baseline was not run under the same protocol seed, runtime and samples
-per problem: it is shown, never paired with another baseline."""
 
 HEADER = (
     "model",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,10 +9,13 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvbench.adapters.base import Backend, find_adapter
 from kvbench.calibration import QueryStats
 from kvbench.errors import BudgetError
 from kvbench.graders.math import MathGrader
 from kvbench.probes.problems import ProbeProblem
+from kvbench.registry import policy_documentation
+from kvbench.results.records import SampleRecord
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
@@ -37,23 +39,21 @@ class Timings:
     by_cell: dict[str, float] = field(default_factory=dict)
 
 
-def _calibration(cell: Cell, loaded, cache: dict, timings: Timings) -> QueryStats | None:
+def _calibration(cell: Cell, backend: Backend, cache: dict, timings: Timings) -> QueryStats | None:
     if "calibration" not in cell.policy.needs:
         return None
     key = (cell.model, cell.runtime)
     if key not in cache:
-        from kvbench.adapters.hf.calibrate import calibrate
-
         started = time.perf_counter()
-        cache[key] = calibrate(loaded)
+        cache[key] = backend.calibrate()
         timings.calibration += time.perf_counter() - started
     return cache[key]
 
 
-def cell_problems(cell: Cell, loaded) -> list:
+def cell_problems(cell: Cell, backend: Backend) -> list:
     """The problems of a cell's task: generated probes, or dataset rows (hub or --data)."""
     if cell.task.source.kind == "probe":
-        return probe_problems(cell, loaded)
+        return probe_problems(cell, backend)
     from kvbench.task_data import load_problems
 
     if cell.data is None:
@@ -61,19 +61,19 @@ def cell_problems(cell: Cell, loaded) -> list:
     return load_problems(cell.task, Path(cell.data), cell.limit, fingerprint=cell.resolved["data"]["sha256"])
 
 
-def prompt_length(problem, loaded) -> int:
+def prompt_length(problem, backend: Backend) -> int:
     if isinstance(problem, ProbeProblem):
-        return len(encode_problem(problem, loaded)[0])
-    return len(loaded.prompt_ids(problem.prompt))
+        return len(encode_problem(problem, backend)[0])
+    return len(backend.prompt_ids(problem.prompt))
 
 
-def check_cells(cells: Sequence[Cell], loaded, problems: dict[str, list]) -> None:
+def check_cells(cells: Sequence[Cell], backend: Backend, problems: dict[str, list]) -> None:
     """Refuse, before anything runs, a cell whose budget cannot protect its prompts."""
     for cell in cells:
         schedule = cell.schedule()
         if not cell.policy.evicts:
             continue
-        longest = max(prompt_length(p, loaded) for p in problems[cell.task.name])
+        longest = max(prompt_length(p, backend) for p in problems[cell.task.name])
         prefix = schedule.protected_prefix(longest)
         if prefix.capped:
             raise BudgetError(
@@ -96,14 +96,14 @@ def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Tim
     return timings
 
 
-def _score(cell: Cell, loaded, problem, calibration, math_grader: MathGrader) -> list[dict]:
+def _score(cell: Cell, backend: Backend, problem, calibration, math_grader: MathGrader) -> list[SampleRecord]:
     seeds = [
         sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
     ]
     if cell.task.source.kind == "probe":
-        return score_probe(cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration)
+        return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
     return score_generation(
-        cell, loaded, problem, seeds, run_id=cell.run_id, calibration=calibration, math_grader=math_grader
+        cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration, math_grader=math_grader
     )
 
 
@@ -116,37 +116,37 @@ def _run_model(
     timings: Timings,
     math_grader: MathGrader,
 ) -> None:
-    from kvbench.adapters.hf.models import load_model
-
     spec, runtime = model_cells[0].model, model_cells[0].runtime
     model_name = spec.name
-    if not progress:  # quiet runs (CI logs) without transformers' weight-loading bar either
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
     started = time.perf_counter()
-    loaded = load_model(spec, device=runtime.device, attention=runtime.attention)
+    adapter = find_adapter(runtime.adapter)
+    backend = adapter.load(spec, device=runtime.device, attention=runtime.attention, progress=progress)
     timings.model_load += time.perf_counter() - started
-    problems = {c.task.name: cell_problems(c, loaded) for c in model_cells}
-    check_cells(model_cells, loaded, problems)
+    problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
+    check_cells(model_cells, backend, problems)
     total = sum(len(problems[c.task.name]) for c in model_cells)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=True) as bar:
         task = bar.add_task(model_name, total=total)
         for cell in model_cells:
             store = ShardStore(out, cell.run_id)
-            store.write_manifest(cell.resolved, {**extra, "role": cell.role, "label": cell.label})
-            calibration = _calibration(cell, loaded, calibrations, timings)
+            documented = {
+                "role": cell.role,
+                "label": cell.label,
+                "policy_doc": policy_documentation(cell.policy),
+            }
+            store.write_manifest(cell.resolved, {**extra, **documented})
+            calibration = _calibration(cell, backend, calibrations, timings)
             for problem in problems[cell.task.name]:
                 bar.update(task, description=f"{cell.label} {problem.problem_id}")
                 if store.has(problem.problem_id):
                     timings.reused += 1
                 else:
                     started = time.perf_counter()
-                    rows = _score(cell, loaded, problem, calibration, math_grader)
+                    rows = _score(cell, backend, problem, calibration, math_grader)
                     store.write(problem.problem_id, rows)
                     spent = time.perf_counter() - started
-                    timings.eviction += sum(json.loads(r["secondary"])["eviction_seconds"] for r in rows)
+                    timings.eviction += sum(r.eviction_seconds for r in rows)
                     timings.units += spent
                     timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
                     timings.computed += 1

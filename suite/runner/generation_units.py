@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvbench.adapters.hf.decode import Sampling, generate
-from kvbench.adapters.hf.models import LoadedModel
+from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.choice import grade_choice
 from kvbench.graders.code import grade_code
 from kvbench.graders.math import MathGrader
+from kvbench.results.records import SampleRecord
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import sample_row
+from kvbench.runner.store import problem_key
 from kvbench.task_data import Problem
 
 THINKING_FAMILIES = ("qwen3", "phi4-reasoning")
@@ -23,20 +23,19 @@ THINKING_FAMILIES = ("qwen3", "phi4-reasoning")
 
 def score_generation(
     cell: Cell,
-    loaded: LoadedModel,
+    backend: Backend,
     problem: Problem,
     seeds: list[int],
     *,
     run_id: str,
     calibration: Any,
     math_grader: MathGrader,
-) -> list[dict[str, Any]]:
+) -> list[SampleRecord]:
     started = time.perf_counter()
     family = cell.model.family
     settings = cell.protocol.sampling[family]
-    result = generate(
-        loaded,
-        loaded.prompt_ids(problem.prompt),
+    result = backend.generate(
+        backend.prompt_ids(problem.prompt),
         cell.policy,
         cell.schedule(),
         sample_seeds=seeds,
@@ -60,22 +59,18 @@ def score_generation(
                 sample.text, problem.gold["answer"], kind=cell.task.answer_kind, thinking=thinking
             )
         truncated = sample.finish_reason == "length"
-        secondary = {
-            "no_answer": verdict.no_answer,
-            "truncated": truncated,
-            "grader": verdict.version,
-            "eviction_seconds": result.eviction_seconds / len(seeds),
-        }
         public = cell.task.visibility == "public"
+        secondary: dict[str, Any] = {"truncated": truncated}
         if public:
             secondary["detail"] = verdict.detail
         rows.append(
-            sample_row(
-                run_id,
-                cell.task.name,
-                problem.problem_id,
-                i,
-                seed,
+            SampleRecord(
+                run_id=run_id,
+                task=cell.task.name,
+                problem_id=problem.problem_id,
+                problem_hash=problem_key(problem.problem_id),
+                sample=i,
+                seed=seed,
                 metric=float(verdict.correct),
                 correct=verdict.correct,
                 strict_correct=verdict.correct and not truncated,
@@ -83,6 +78,9 @@ def score_generation(
                 reason=verdict.reason,
                 generated_tokens=sample.generated,
                 evictions=sample.evictions,
+                no_answer=verdict.no_answer,
+                grader_version=verdict.version,
+                eviction_seconds=result.eviction_seconds / len(seeds),
                 secondary=secondary,
                 output=sample.text if public else None,
                 wall_seconds=seconds,

@@ -19,32 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kvbench.errors import PrerequisiteError
-from kvbench.runner.store import read_manifest, shard_problem
+from kvbench.results.records import (
+    SAMPLE_KEY,
+    SCHEMA_VERSION,
+    RunRecord,
+    SampleRecord,
+    arrow_schema,
+    table_ddl,
+)
+from kvbench.runner.store import read_manifest, shard_problem, upgrade
 
-SCHEMA_VERSION = 4
 DATABASE = "kvbench.duckdb"
 SNAPSHOT = "kvbench.snapshot.duckdb"
 
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY, role VARCHAR, label VARCHAR,
-    adapter VARCHAR, device VARCHAR, dtype VARCHAR, attention VARCHAR,
-    model VARCHAR, task VARCHAR, task_version INTEGER, policy VARCHAR, policy_params JSON,
-    protocol VARCHAR, protection VARCHAR, budget INTEGER, buffer INTEGER, n_avg DOUBLE, ratio DOUBLE,
-    samples_per_problem INTEGER, protocol_seed BIGINT, visibility VARCHAR,
-    kvbench_version VARCHAR, git_sha VARCHAR, git_dirty BOOLEAN, packages JSON, hardware JSON,
-    created DOUBLE, spec JSON
-);
-CREATE TABLE IF NOT EXISTS samples (
-    run_id VARCHAR, task VARCHAR, problem_id VARCHAR, problem_hash VARCHAR, sample INTEGER, seed BIGINT,
-    metric DOUBLE, correct BOOLEAN, strict_correct BOOLEAN, finish_reason VARCHAR, reason VARCHAR,
-    generated_tokens INTEGER,
-    evictions INTEGER, secondary JSON, output VARCHAR, wall_seconds DOUBLE,
-    PRIMARY KEY (run_id, problem_id, sample)
-);
+{table_ddl(RunRecord, "runs", ("run_id",))};
+{table_ddl(SampleRecord, "samples", SAMPLE_KEY)};
 CREATE TABLE IF NOT EXISTS ingested_files (path VARCHAR PRIMARY KEY, fingerprint VARCHAR);
 CREATE TABLE IF NOT EXISTS bench (
     file VARCHAR, created DOUBLE, model VARCHAR, policy VARCHAR, budget INTEGER, buffer INTEGER,
@@ -78,44 +73,6 @@ def _writer_lock(root: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _run_row(manifest: dict) -> tuple:
-    spec = manifest["spec"]
-    protocol, task = spec["protocol"], spec["task"]
-    git = manifest.get("git") or {}
-    # a run planned before the runtime joined the identity ran with the hf adapter's defaults
-    runtime = spec.get("runtime") or {"adapter": "hf", "device": "cpu", "attention": "sdpa"}
-    return (
-        manifest["run_id"],
-        manifest.get("role"),
-        manifest.get("label"),
-        runtime["adapter"],
-        runtime["device"],
-        runtime.get("dtype", spec["model"]["dtype"]),
-        runtime["attention"],
-        spec["model"]["name"],
-        task["name"],
-        task["version"],
-        spec["policy"]["name"],
-        json.dumps(spec["policy"]["params"]),
-        protocol["name"],
-        protocol["protection"],
-        spec["budget"],
-        protocol["buffer"],
-        spec["n_avg"],
-        spec["ratio"],
-        spec["samples"],
-        protocol["seed"],
-        task["visibility"],
-        manifest.get("kvbench"),
-        git.get("sha"),
-        git.get("dirty"),
-        json.dumps(manifest.get("packages")),
-        json.dumps(manifest.get("hardware")),
-        manifest.get("created"),
-        json.dumps(spec),
-    )
 
 
 def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
@@ -154,17 +111,21 @@ def _unreadable(manifests: dict[Path, dict | None], shards: list[Path]) -> list[
     return bad
 
 
-def ingest(root: Path) -> IngestReport:
+def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot.
 
     Every manifest and new shard is read back before anything is written, and everything is written in
     one transaction: a damaged file is named with what to do, and the database is left as it was.
+    ``rebuild`` builds a new database from every shard (shards of older schemas upgraded as they are
+    read) beside the old one, which it replaces only once the new one is complete.
     """
     shard_root = root / "shards"
     with _writer_lock(root):
         manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
         files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
-        database = root / DATABASE
+        database = root / (f".rebuild.{DATABASE}" if rebuild else DATABASE)
+        if rebuild:
+            database.unlink(missing_ok=True)
         con = duckdb.connect(str(database))
         try:
             con.execute("BEGIN TRANSACTION")
@@ -173,7 +134,7 @@ def ingest(root: Path) -> IngestReport:
             if found is not None and found[0] != str(SCHEMA_VERSION):
                 raise PrerequisiteError(
                     f"{database} has schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: the shards are "
-                    f"the source of truth, so delete {database} and run `kvbench ingest --out {root}`"
+                    f"the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
                 )
             done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
             seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
@@ -188,15 +149,15 @@ def ingest(root: Path) -> IngestReport:
                     "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
                 )
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            for manifest in read.values():
-                row = _run_row(manifest)
-                con.execute(f"INSERT OR IGNORE INTO runs VALUES ({', '.join('?' * len(row))})", list(row))
+            runs = [RunRecord.from_manifest(m).row() for m in read.values()]
+            if runs:
+                con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
+                con.execute("INSERT OR IGNORE INTO runs BY NAME SELECT * FROM new_runs")
             if new:
-                # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts
-                con.execute(
-                    "INSERT OR REPLACE INTO samples BY NAME SELECT * FROM read_parquet(?)",
-                    [[str(f) for f in new]],
-                )
+                # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
+                # an older schema is upgraded as it is read
+                con.register("new_samples", pa.concat_tables([upgrade(pq.read_table(f)) for f in new]))
+                con.execute("INSERT OR REPLACE INTO samples BY NAME SELECT * FROM new_samples")
                 con.executemany(
                     "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
                     [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
@@ -210,6 +171,9 @@ def ingest(root: Path) -> IngestReport:
             raise
         finally:
             con.close()
+        if rebuild:
+            os.replace(database, root / DATABASE)
+            database = root / DATABASE
         staging = root / f".{SNAPSHOT}.tmp"
         shutil.copyfile(database, staging)
         os.replace(staging, root / SNAPSHOT)

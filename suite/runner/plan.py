@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvbench.contract import Policy
-from kvbench.errors import SpecError
+from kvbench.errors import CapabilityError, SpecError
 from kvbench.model_spec import ModelSpec, load_model_spec
 from kvbench.protocol_spec import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.registry import make_policy, policy_record
@@ -27,8 +27,6 @@ RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
 
 Role = Literal["policy", "null", "reference"]
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
-ADAPTERS = ("hf",)
 
 
 @dataclass(frozen=True)
@@ -151,10 +149,9 @@ def _make_cell(
 
 
 def _runtime(request: RunRequest) -> Runtime:
-    if request.adapter not in ADAPTERS:
-        raise SpecError(f"--adapter {request.adapter!r}: known adapters are {', '.join(ADAPTERS)}")
-    if request.attention not in ATTENTION:
-        raise SpecError(f"--attention {request.attention!r}: use one of {', '.join(ATTENTION)}")
+    from kvbench.adapters.base import find_adapter
+
+    find_adapter(request.adapter)  # an unknown name is refused with the known ones
     import torch
 
     try:
@@ -163,8 +160,6 @@ def _runtime(request: RunRequest) -> Runtime:
         raise SpecError(
             f"--device {request.device!r} is not a device torch knows: use cpu, cuda or cuda:N"
         ) from None
-    if device.type not in ("cpu", "cuda"):
-        raise SpecError(f"--device {request.device!r}: the hf adapter runs on cpu or cuda")
     return Runtime(adapter=request.adapter, device=str(device), attention=request.attention)
 
 
@@ -277,4 +272,33 @@ def plan(request: RunRequest) -> list[Cell]:
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)
+    check_capabilities(cells)
     return cells
+
+
+def check_capabilities(cells: list[Cell]) -> None:
+    """Every cell against what its adapter provides, once, before any model loads: one error naming all
+    that cannot run."""
+    from kvbench.adapters.base import find_adapter
+
+    problems: list[str] = []
+    for runtime in dict.fromkeys(c.runtime for c in cells):
+        adapter = find_adapter(runtime.adapter)
+        can = adapter.capabilities()
+        here = [c for c in cells if c.runtime == runtime]
+        wanted = {
+            "device": ({runtime.device_kind}, can.devices),
+            "attention": ({runtime.attention}, can.attentions),
+            "dtype": ({c.model.dtype for c in here}, can.dtypes),
+        }
+        for what, (asked, provided) in wanted.items():
+            offered = ", ".join(provided)
+            for value in sorted(asked - set(provided)):
+                problems.append(f"{what} {value!r}: the {adapter.name} adapter provides {offered}")
+        for policy in dict.fromkeys(c.policy.name for c in here):
+            needs = next(c.policy.needs for c in here if c.policy.name == policy)
+            if needs - can.needs:
+                missing = ", ".join(sorted(needs - can.needs))
+                problems.append(f"policy {policy!r} needs {missing}, which the {adapter.name} adapter lacks")
+    if problems:
+        raise CapabilityError("these cells cannot run as asked:\n  " + "\n  ".join(problems))

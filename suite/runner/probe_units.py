@@ -7,19 +7,19 @@ from typing import Any
 
 import torch
 
-from kvbench.adapters.hf.models import LoadedModel
-from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.adapters.base import Backend
 from kvbench.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
+from kvbench.results.records import SampleRecord
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import sample_row
+from kvbench.runner.store import problem_key
 
 
-def probe_problems(cell: Cell, loaded: LoadedModel) -> list[ProbeProblem]:
+def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:
     source = cell.task.source
 
     def count(text: str) -> int:
-        return len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(backend.encode(text))
 
     total = source.problems if cell.limit is None else min(source.problems, cell.limit)
     if source.probe == "fidelity":
@@ -36,34 +36,31 @@ def probe_problems(cell: Cell, loaded: LoadedModel) -> list[ProbeProblem]:
 
 
 def encode_problem(
-    problem: ProbeProblem, loaded: LoadedModel
+    problem: ProbeProblem, backend: Backend
 ) -> tuple[list[int], list[int], dict[str, list[int]]]:
     """Prompt ids, continuation ids, and the continuation offsets of each role's tokens."""
-    prompt = loaded.prompt_ids(problem.stub)
+    prompt = backend.prompt_ids(problem.stub)
     continuation: list[int] = []
     where: dict[str, list[int]] = {}
-    for role, ids in problem.token_pieces(
-        lambda t: loaded.tokenizer(t, add_special_tokens=False)["input_ids"]
-    ):
+    for role, ids in problem.token_pieces(backend.encode):
         where.setdefault(role, []).extend(range(len(continuation), len(continuation) + len(ids)))
         continuation.extend(ids)
     return prompt, continuation, where
 
 
 def score_probe(
-    cell: Cell, loaded: LoadedModel, problem: ProbeProblem, seeds: list[int], *, run_id: str, calibration: Any
-) -> list[dict[str, Any]]:
+    cell: Cell, backend: Backend, problem: ProbeProblem, seeds: list[int], *, run_id: str, calibration: Any
+) -> list[SampleRecord]:
     started = time.perf_counter()
-    prompt, continuation, where = encode_problem(problem, loaded)
+    prompt, continuation, where = encode_problem(problem, backend)
     source = cell.task.source
     pinned = None
     if source.pin_heads is not None:
-        heads = torch.arange(loaded.facts.num_kv_heads) < source.pin_heads
+        heads = torch.arange(backend.facts.num_kv_heads) < source.pin_heads
         positions = torch.tensor([len(prompt) + i for i in where["needle"]])
         pinned = PinnedSlots(positions, heads)
     fidelity = source.probe == "fidelity"
-    result = teacher_force(
-        loaded,
+    result = backend.teacher_force(
         prompt,
         continuation,
         cell.policy,
@@ -77,42 +74,40 @@ def score_probe(
     seconds = (time.perf_counter() - started) / len(seeds)
     rows = []
     for i, seed in enumerate(seeds):
+        measured: dict[str, Any] = {}
         if fidelity:
             # the predictions a cache could change: those made after the first event (at K + B slots)
             scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
             agreement = result.top1_agrees_with_full[i, scored].float()
             kl = result.kl_to_full[i, scored]
             metric, correct = float(agreement.mean()) if agreement.numel() else 1.0, None
-            secondary = {
-                "kl_to_full": float(kl.mean()) if kl.numel() else 0.0,
-                "scored_tokens": agreement.numel(),
-            }
+            measured["kl_to_full"] = float(kl.mean()) if kl.numel() else 0.0
+            secondary = {"scored_tokens": agreement.numel()}
         else:
             answer = torch.tensor(where["answer"])
             exact = bool(result.greedy_match[i, answer].all())
             metric, correct = float(exact), exact
-            secondary = {
-                "answer_logprob": float(result.logprobs[i, answer].sum()),
-                "answer_tokens": len(answer),
-                "depth": source.depth,
-            }
-        secondary["eviction_seconds"] = result.eviction_seconds / len(seeds)
+            measured["answer_logprob"] = float(result.logprobs[i, answer].sum())
+            secondary = {"answer_tokens": len(answer), "depth": source.depth}
         rows.append(
-            sample_row(
-                run_id,
-                cell.task.name,
-                problem.problem_id,
-                i,
-                seed,
+            SampleRecord(
+                run_id=run_id,
+                task=cell.task.name,
+                problem_id=problem.problem_id,
+                problem_hash=problem_key(problem.problem_id),
+                sample=i,
+                seed=seed,
                 metric=metric,
                 correct=correct,
                 strict_correct=correct,
                 finish_reason="teacher-forced",
                 generated_tokens=len(continuation),
                 evictions=result.eviction_events,
+                eviction_seconds=result.eviction_seconds / len(seeds),
                 secondary=secondary,
                 output=None,
                 wall_seconds=seconds,
+                **measured,
             )
         )
     return rows

@@ -11,14 +11,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from kvbench.errors import SpecError
 from kvbench.graders.choice import grade_choice
 from kvbench.graders.code import grade_code
 from kvbench.graders.math import MathGrader
 from kvbench.runner.generation_units import THINKING_FAMILIES
-from kvbench.runner.store import ShardStore
+from kvbench.runner.store import ShardStore, read_records
 from kvbench.task_data import load_problems
 from kvbench.task_spec import TaskSpec
 
@@ -61,27 +59,31 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
     samples = changed = 0
     with MathGrader() as math:
         for shard in sorted(folder.glob("*.parquet")):
-            rows = pq.read_table(shard).to_pylist()
-            for row in rows:
-                gold = problems[row["problem_id"]].gold
+            records = read_records(shard)
+            regraded = []
+            for record in records:
+                gold = problems[record.problem_id].gold
                 if task.grader == "code":
-                    verdict = grade_code(row["output"], gold["tests"], gold["function"], thinking=thinking)
+                    verdict = grade_code(record.output, gold["tests"], gold["function"], thinking=thinking)
                 elif task.grader == "choice":
-                    verdict = grade_choice(row["output"], gold["answer"], thinking=thinking)
+                    verdict = grade_choice(record.output, gold["answer"], thinking=thinking)
                 else:
                     verdict = math.grade(
-                        row["output"], gold["answer"], kind=task.answer_kind, thinking=thinking
+                        record.output, gold["answer"], kind=task.answer_kind, thinking=thinking
                     )
-                secondary = json.loads(row["secondary"])
-                changed += int(verdict.correct != row["correct"])
-                secondary.update(no_answer=verdict.no_answer, grader=verdict.version)
-                row.update(
-                    metric=float(verdict.correct),
-                    correct=verdict.correct,
-                    reason=verdict.reason,
-                    secondary=json.dumps(secondary),
-                    strict_correct=verdict.correct and not secondary.get("truncated", False),
+                changed += int(verdict.correct != record.correct)
+                regraded.append(
+                    record.model_copy(
+                        update={
+                            "metric": float(verdict.correct),
+                            "correct": verdict.correct,
+                            "reason": verdict.reason,
+                            "no_answer": verdict.no_answer,
+                            "grader_version": verdict.version,
+                            "strict_correct": verdict.correct and record.finish_reason != "length",
+                        }
+                    )
                 )
                 samples += 1
-            store.write(rows[0]["problem_id"], rows)
+            store.write(records[0].problem_id, regraded)
     return RegradeReport(folder.name, samples, changed)

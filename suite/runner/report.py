@@ -9,16 +9,10 @@ from pathlib import Path
 
 import duckdb
 
+from kvbench.results.comparison import ArmResult, compare_table, stored_runs
 from kvbench.runner.plan import Cell
 from kvbench.runner.summary import summarize
-from kvbench.stats import (
-    Estimate,
-    PairedComparison,
-    bootstrap_mean,
-    compare_arms,
-    paired_difference,
-    verdicts,
-)
+from kvbench.stats import Estimate, PairedComparison
 
 
 @dataclass(frozen=True)
@@ -45,56 +39,51 @@ class ReportRow:
 
 
 def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
+    """One row per cell, in the cells' order; each (model, task, budget) is one table of the builder."""
     con = duckdb.connect(str(database), read_only=True)
     try:
-        summaries = summarize(con, [cell.run_id for cell in cells])
+        runs = {r.run_id: r for r in stored_runs(con, run_ids=[c.run_id for c in cells])}
+        summaries = summarize(con, list(runs))
     finally:
         con.close()
-    scores = {run_id: summary.scores for run_id, summary in summaries.items()}
-    rows = []
-    for cell in cells:
-        same_task = [c for c in cells if (c.model.name, c.task.name) == (cell.model.name, cell.task.name)]
-        null = next((c for c in same_task if c.role == "null" and c.budget == cell.budget), None)
-        full = next((c for c in same_task if c.role == "reference"), None)
-        summary = summaries[cell.run_id]
-        mine = summary.scores
-        rows.append(
-            ReportRow(
-                model=cell.model.name,
-                task=cell.task.name,
-                metric=cell.task.metric,
-                policy=cell.policy.name,
-                role=cell.role,
-                budget=cell.budget,
-                k_over_n_avg=cell.budget / cell.n_avg if cell.n_avg else math.nan,
-                score=bootstrap_mean(list(mine.values())),
-                vs_null=paired_difference(mine, scores[null.run_id]) if null and cell is not null else None,
-                vs_full=paired_difference(mine, scores[full.run_id]) if full and cell is not full else None,
-                problems=len(mine),
-                samples=cell.samples,
-                strict=bootstrap_mean(list(summary.strict.values())),
-                truncation_rate=summary.truncation_rate,
-                no_answer_rate=summary.no_answer_rate,
-                mean_generated_tokens=summary.mean_generated_tokens,
-            )
-        )
-    return _with_verdicts(rows, cells, scores)
+    results: dict[str, ArmResult] = {}
+    tables = dict.fromkeys((c.model.name, c.task.name, c.budget) for c in cells if c.role != "reference")
+    # a full cache run without policies beside it is a table of its own
+    tables.update(dict.fromkeys((c.model.name, c.task.name, None) for c in cells if c.role == "reference"))
+    for model, task, budget in tables:
+        table = [
+            runs[c.run_id]
+            for c in cells
+            if (c.model.name, c.task.name) == (model, task)
+            and (c.role == "reference" or (budget is not None and c.budget == budget))
+        ]
+        for arm in compare_table(table, summaries, tasks=(task,)):
+            run = arm.runs[task]
+            if run.role != "reference" or run.run_id not in results:  # the full cache: its first table
+                results[run.run_id] = arm
+    return [_row(cell, results[cell.run_id]) for cell in cells]
 
 
-def _with_verdicts(rows: list[ReportRow], cells: Sequence[Cell], scores: dict) -> list[ReportRow]:
-    """Sign tests of each policy against its null, Holm-corrected across the policies of one table."""
-    from dataclasses import replace
-
-    tests: dict[int, PairedComparison] = {}
-    for key in dict.fromkeys((c.model.name, c.task.name, c.budget) for c in cells):
-        group = [i for i, c in enumerate(cells) if (c.model.name, c.task.name, c.budget) == key]
-        null = next((cells[i] for i in group if cells[i].role == "null"), None)
-        policies = [i for i in group if cells[i].role == "policy"]
-        if null is None or not policies:
-            continue
-        compared = verdicts([compare_arms(scores[cells[i].run_id], scores[null.run_id]) for i in policies])
-        tests.update(zip(policies, compared, strict=True))
-    return [replace(row, null_test=tests.get(i)) for i, row in enumerate(rows)]
+def _row(cell: Cell, arm: ArmResult) -> ReportRow:
+    return ReportRow(
+        model=cell.model.name,
+        task=cell.task.name,
+        metric=cell.task.metric,
+        policy=cell.policy.name,
+        role=cell.role,
+        budget=cell.budget,
+        k_over_n_avg=arm.k_over_n_avg,
+        score=arm.score,
+        vs_null=arm.vs_baseline,
+        vs_full=arm.vs_full,
+        problems=arm.score.problems,
+        samples=cell.samples,
+        strict=arm.strict,
+        truncation_rate=arm.truncation_rate,
+        no_answer_rate=arm.no_answer_rate,
+        mean_generated_tokens=arm.mean_generated_tokens,
+        null_test=arm.test,
+    )
 
 
 def as_dicts(rows: Sequence[ReportRow]) -> list[dict]:

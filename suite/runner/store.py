@@ -24,29 +24,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pydantic
 
 from kvbench.bench.machine import describe_machine
+from kvbench.results.records import SAMPLE_SCHEMA, SampleRecord
 
-SAMPLE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("task", pa.string()),
-        ("problem_id", pa.string()),
-        ("problem_hash", pa.string()),
-        ("sample", pa.int32()),
-        ("seed", pa.int64()),
-        ("metric", pa.float64()),
-        ("correct", pa.bool_()),
-        ("strict_correct", pa.bool_()),
-        ("finish_reason", pa.string()),
-        ("reason", pa.string()),
-        ("generated_tokens", pa.int32()),
-        ("evictions", pa.int32()),
-        ("secondary", pa.string()),
-        ("output", pa.string()),
-        ("wall_seconds", pa.float64()),
-    ]
-)
 PACKAGES = ("torch", "transformers", "duckdb", "pyarrow", "numpy", "scipy", "pydantic")
 
 
@@ -54,43 +36,43 @@ def problem_key(problem_id: str) -> str:
     return hashlib.sha256(problem_id.encode()).hexdigest()[:16]
 
 
-def sample_row(
-    run_id: str,
-    task: str,
-    problem_id: str,
-    sample: int,
-    seed: int,
-    *,
-    metric: float,
-    correct: bool | None,
-    strict_correct: bool | None,
-    finish_reason: str,
-    reason: str | None = None,
-    generated_tokens: int,
-    evictions: int,
-    secondary: dict[str, Any],
-    output: str | None,
-    wall_seconds: float,
-) -> dict[str, Any]:
-    """One row of the samples table (SAMPLE_SCHEMA), the same for every kind of task."""
-    return {
-        "run_id": run_id,
-        "task": task,
-        "problem_id": problem_id,
-        "problem_hash": problem_key(problem_id),
-        "sample": sample,
-        "seed": seed,
-        "metric": metric,
-        "correct": correct,
-        "strict_correct": strict_correct,
-        "finish_reason": finish_reason,
-        "reason": reason,
-        "generated_tokens": generated_tokens,
-        "evictions": evictions,
-        "secondary": json.dumps(secondary),
-        "output": output,
-        "wall_seconds": wall_seconds,
-    }
+# Measurements that shards of schema 4 kept inside `secondary`, and the column each has become.
+_PROMOTED = {
+    "no_answer": "no_answer",
+    "grader": "grader_version",
+    "answer_logprob": "answer_logprob",
+    "kl_to_full": "kl_to_full",
+    "eviction_seconds": "eviction_seconds",
+}
+
+
+# what every shard since schema 4 holds; the rest of the current schema may be derived by upgrade()
+_REQUIRED = [name for name in SAMPLE_SCHEMA.names if name not in _PROMOTED.values()]
+
+
+def upgrade(table: pa.Table) -> pa.Table:
+    """A shard's rows in the current sample schema; a shard written before its measurements became columns
+    (schema 4) has them moved out of ``secondary``, values unchanged."""
+    if set(SAMPLE_SCHEMA.names) <= set(table.column_names):
+        return table.select(SAMPLE_SCHEMA.names).cast(SAMPLE_SCHEMA)
+    rows = table.to_pylist()
+    for row in rows:
+        extra = json.loads(row.get("secondary") or "{}")
+        for key, name in _PROMOTED.items():
+            row[name] = extra.pop(key, None)
+        row["eviction_seconds"] = row["eviction_seconds"] or 0.0
+        row["secondary"] = json.dumps(extra)
+        row.setdefault("reason", None)
+    return pa.Table.from_pylist([SampleRecord(**_parsed(r)).row() for r in rows], schema=SAMPLE_SCHEMA)
+
+
+def _parsed(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "secondary": json.loads(row["secondary"] or "{}")}
+
+
+def read_records(path: Path) -> list[SampleRecord]:
+    """A shard's samples as records (a shard of an older schema is upgraded as it is read)."""
+    return [SampleRecord(**_parsed(row)) for row in upgrade(pq.read_table(path)).to_pylist()]
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -141,9 +123,13 @@ def shard_problem(path: Path) -> str | None:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         return f"does not read back as Parquet ({exc})"
-    missing = [name for name in SAMPLE_SCHEMA.names if name not in table.column_names]
+    missing = [name for name in _REQUIRED if name not in table.column_names]
     if missing:
         return f"lacks the columns {', '.join(missing)}"
+    try:
+        upgrade(table)
+    except (pa.ArrowException, pydantic.ValidationError, json.JSONDecodeError, TypeError) as exc:
+        return f"does not hold samples of a known schema ({str(exc).splitlines()[0]})"
     if table.num_rows == 0:
         return "holds no sample"
     return None
@@ -186,6 +172,6 @@ class ShardStore:
         manifest = {"run_id": self.run_id, "spec": record, "created": time.time(), **extra}
         _atomic_write(path, lambda temp: Path(temp).write_text(json.dumps(manifest, indent=2, default=str)))
 
-    def write(self, problem_id: str, rows: Sequence[dict[str, Any]]) -> None:
-        table = pa.Table.from_pylist(list(rows), schema=SAMPLE_SCHEMA)
+    def write(self, problem_id: str, records: Sequence[SampleRecord]) -> None:
+        table = pa.Table.from_pylist([r.row() for r in records], schema=SAMPLE_SCHEMA)
         _atomic_write(self.shard(problem_id), lambda temp: pq.write_table(table, temp))

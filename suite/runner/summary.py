@@ -31,7 +31,7 @@ class CellSummary:
 _QUERY = """
 SELECT run_id, problem_id, avg(metric), avg(strict_correct::INTEGER), count(*),
        sum((finish_reason = 'length')::INTEGER),
-       sum(coalesce(json_extract(secondary, '$.no_answer')::BOOLEAN, false)::INTEGER),
+       sum(coalesce(no_answer, false)::INTEGER),
        sum(generated_tokens)
 FROM samples WHERE list_contains(?, run_id) GROUP BY run_id, problem_id
 """

@@ -74,3 +74,47 @@ def test_environment_changes_name_what_moved() -> None:
     }
     assert environment_changes(before, after) == ["cpu A -> B", "torch 2.13.0 -> 2.14.0"]
     assert environment_changes(before, before) == []
+
+
+def test_a_drop_of_exactly_the_tolerance_passes() -> None:
+    # binary fractions, so that the bound is exact: hypot(0.375, 0.5) = 0.625 = 0.75 − 0.125
+    reference = cell(score=0.75, half=0.375)
+    now = cell(score=0.125, half=0.5, outputs="digest-2", code="code-2")
+    assert status(now, reference) == ("changed with its code", False, 0.625)
+
+
+def test_each_finding_tells_the_reader_what_to_do() -> None:
+    reference = cell()
+
+    def detail(now: CellResult, environment: list[str] | None = None) -> str:
+        (finding,) = compare_with_reference([now], [reference], environment or [])
+        return finding.detail
+
+    assert detail(cell(score=0.5)) == "score fell by 0.3000, more than the tolerance 0.0707"
+    assert "then run --update-reference" in detail(cell(identity="id-2"))
+    assert "engine, runner or model code did" in detail(cell(outputs="digest-2"))
+    assert detail(cell(outputs="digest-2"), ["torch 1 -> 2", "cpu A -> B"]) == (
+        "the environment differs: torch 1 -> 2, cpu A -> B"
+    )
+    assert "the policy's source changed" in detail(cell(outputs="digest-2", code="code-2"))
+    assert detail(cell()) == ""
+    (missing,) = compare_with_reference([cell(key="new")], [], [])
+    assert missing.detail == "run --update-reference"
+    (dropped,) = compare_with_reference([], [cell(key="old")], [])
+    assert "in the reference, not in this run" in dropped.detail
+
+
+def test_every_cell_is_judged_after_one_without_reference() -> None:
+    findings = compare_with_reference([cell(key="new"), cell(key="a"), cell(key="b", identity="x")],
+                                      [cell(key="a"), cell(key="b")], [])  # fmt: skip
+    assert [(f.key, f.status) for f in findings] == [
+        ("new", "no reference"),
+        ("a", "same"),
+        ("b", "spec changed"),
+    ]
+
+
+def test_python_cpu_and_threads_count_as_environment() -> None:
+    base = {"packages": {}, "python": "3.11.7", "hardware": {"cpu": "A", "torch_threads": 2}}
+    moved = {"packages": {}, "python": "3.12.1", "hardware": {"cpu": "A", "torch_threads": 4}}
+    assert environment_changes(base, moved) == ["python 3.11.7 -> 3.12.1", "torch threads 2 -> 4"]

@@ -102,7 +102,7 @@ def _model_yaml(path: Path, name: str, layers: int, seed: int) -> Path:
 def _answer_logprobs(out: Path) -> dict[str, float]:
     con = duckdb.connect(str(out / "kvbench.duckdb"), read_only=True)
     rows = con.execute(
-        "SELECT r.model, s.secondary->>'answer_logprob' FROM samples s JOIN runs r USING (run_id)"
+        "SELECT r.model, s.answer_logprob FROM samples s JOIN runs r USING (run_id)"
     ).fetchall()
     con.close()
     return {model: float(value) for model, value in rows}
@@ -172,6 +172,7 @@ def _measured(shard: Path) -> list[dict]:
     rows = pq.read_table(shard).to_pylist()
     for row in rows:
         row.pop("wall_seconds")
+        row.pop("eviction_seconds")
         secondary = json.loads(row.pop("secondary"))
         row["secondary"] = {k: v for k, v in secondary.items() if not k.endswith("seconds")}
     return rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.adapters.hf.teacher import teacher_force
 from kvbench.runner.plan import RunRequest, plan
@@ -20,11 +21,10 @@ def the_cell(task: str, policy: str):
 
 
 def test_fidelity_scores_from_the_first_prediction_the_first_eviction_can_change(tiny: LoadedModel) -> None:
-    import json
 
     cell = the_cell("fidelity", "random")
-    (problem,) = probe_problems(cell, tiny)
-    prompt, continuation, _ = encode_problem(problem, tiny)
+    (problem,) = probe_problems(cell, HFBackend(tiny))
+    prompt, continuation, _ = encode_problem(problem, HFBackend(tiny))
     forced = teacher_force(
         tiny, prompt, continuation, cell.policy, cell.schedule(), row_seeds=SEEDS, reference=True
     )
@@ -33,21 +33,20 @@ def test_fidelity_scores_from_the_first_prediction_the_first_eviction_can_change
     # equals the full cache's exactly; the first one after it does not
     changed = (kl.abs() > 0).any(dim=0).nonzero()[0].item()
     assert torch.all(kl[:, :changed] == 0) and changed > 0
-    rows = score_probe(cell, tiny, problem, SEEDS, run_id=cell.run_id, calibration=None)
+    rows = score_probe(cell, HFBackend(tiny), problem, SEEDS, run_id=cell.run_id, calibration=None)
     for i, row in enumerate(rows):
-        secondary = json.loads(row["secondary"])
+        secondary = row.secondary
         agree = forced.top1_agrees_with_full[i, changed:].float()
         assert secondary["scored_tokens"] == agree.numel()
-        assert row["metric"] == pytest.approx(agree.mean().item(), abs=1e-12)
-        assert secondary["kl_to_full"] == pytest.approx(kl[i, changed:].mean().item(), rel=1e-9)
+        assert row.metric == pytest.approx(agree.mean().item(), abs=1e-12)
+        assert row.kl_to_full == pytest.approx(kl[i, changed:].mean().item(), rel=1e-9)
 
 
 def test_passkey_scores_exactly_the_passcode_tokens(tiny: LoadedModel) -> None:
-    import json
 
     cell = the_cell("passkey", "full")
-    (problem,) = probe_problems(cell, tiny)
-    prompt, continuation, where = encode_problem(problem, tiny)
+    (problem,) = probe_problems(cell, HFBackend(tiny))
+    prompt, continuation, where = encode_problem(problem, HFBackend(tiny))
     answer = next(p.text for p in problem.pieces if p.role == "answer")
     assert tiny.tokenizer.decode([continuation[t] for t in where["answer"]]) == answer
     assert where["answer"] == list(range(len(continuation) - len(where["answer"]), len(continuation)))
@@ -58,9 +57,8 @@ def test_passkey_scores_exactly_the_passcode_tokens(tiny: LoadedModel) -> None:
     start = len(prompt)
     expected = sum(logprobs[start + t - 1, continuation[t]].item() for t in where["answer"])
     greedy = all(logprobs[start + t - 1].argmax().item() == continuation[t] for t in where["answer"])
-    rows = score_probe(cell, tiny, problem, SEEDS, run_id=cell.run_id, calibration=None)
+    rows = score_probe(cell, HFBackend(tiny), problem, SEEDS, run_id=cell.run_id, calibration=None)
     for row in rows:
-        secondary = json.loads(row["secondary"])
-        assert secondary["answer_logprob"] == pytest.approx(expected, abs=1e-3)
-        assert secondary["answer_tokens"] == len(where["answer"])
-        assert row["correct"] is greedy and row["metric"] == float(greedy)
+        assert row.answer_logprob == pytest.approx(expected, abs=1e-3)
+        assert row.secondary["answer_tokens"] == len(where["answer"])
+        assert row.correct is greedy and row.metric == float(greedy)

@@ -64,7 +64,10 @@ def test_run_writes_runs_and_samples_tables(tmp_path: Path) -> None:
     assert len(sample_keys(tmp_path / "runs")) == 6 * 2 * 2
 
 
-RESUMED = ["run", *TINY, "--policy", "snapkv", "--policy", "h2o", "--limit", "8", "--samples", "2"]
+# enough work (4 policies, the null and the full cache) that the interrupt always lands midway
+POLICIES = ("snapkv", "h2o", "streaming", "rkv")
+RESUMED = ["run", *TINY, *(f"--policy={p}" for p in POLICIES), "--limit", "8", "--samples", "2"]
+ARMS = len(POLICIES) + 2
 
 
 def measured_rows(out: Path) -> list[tuple]:
@@ -73,7 +76,8 @@ def measured_rows(out: Path) -> list[tuple]:
     try:
         rows = con.execute(
             "SELECT run_id, problem_id, sample, seed, metric, correct, strict_correct, finish_reason, "
-            "generated_tokens, evictions, output, secondary FROM samples ORDER BY ALL"
+            "generated_tokens, evictions, output, no_answer, grader_version, answer_logprob, kl_to_full, "
+            "secondary FROM samples ORDER BY ALL"
         ).fetchall()
     finally:
         con.close()
@@ -107,12 +111,12 @@ def test_an_interrupted_run_resumes_without_loss_or_duplicates(
     assert process.returncode != 0
     written = len(list(shards.glob("*/*.parquet")))
     problems = 8 + 4  # passkey's 8 and fidelity's 4 (its task has 4)
-    assert 3 <= written < problems * 4  # stopped midway
+    assert 3 <= written < problems * ARMS  # stopped midway
     assert not list(shards.glob("*/.*"))  # no half-written file is left visible
     result = kvbench(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = shard_rows(tmp_path / "runs")
-    expected = problems * 4 * 2  # problems × (2 policies, null, full) × samples
+    expected = problems * ARMS * 2  # problems × (policies, null, full) × samples
     assert len(rows) == len(set(rows)) == expected
     assert sample_keys(tmp_path / "runs") == rows
     # and every value equals an uninterrupted run's: metrics, seeds, texts, measurements

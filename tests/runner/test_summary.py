@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -25,11 +24,10 @@ def test_summary_rates_are_counted_over_samples_and_scores_over_problems(tmp_pat
     con = duckdb.connect(str(tmp_path / "kvbench.duckdb"))
     con.execute(SCHEMA)
     for run, problem, sample, metric, correct, strict, finish, tokens, no_answer in SAMPLES:
-        secondary = json.dumps({} if no_answer is None else {"no_answer": no_answer})
         con.execute(
             "INSERT INTO samples (run_id, problem_id, sample, metric, correct, strict_correct, "
-            "finish_reason, generated_tokens, secondary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [run, problem, sample, metric, correct, strict, finish, tokens, secondary],
+            "finish_reason, generated_tokens, no_answer) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run, problem, sample, metric, correct, strict, finish, tokens, no_answer],
         )
     summaries = summarize(con, ["a", "b", "missing"])
     a, b, missing = summaries["a"], summaries["b"], summaries["missing"]

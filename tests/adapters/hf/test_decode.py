@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.adapters.base import Sampling
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
-from kvbench.adapters.hf.decode import Sampling, generate
+from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.errors import BudgetError, CapabilityError
 from kvbench.registry import known_policies, make_policy

@@ -1,0 +1,175 @@
+"""The adapter interface: all the runner asks of a backend, and how a backend is found by name.
+
+An adapter says what it provides (:class:`Capabilities`) and loads a model spec into a :class:`Backend`,
+which tokenizes, teacher-forces a probe and decodes a batch of samples under an eviction policy. The
+runner imports nothing else of a backend: ``hf`` (transformers) is one implementation, and the tests
+run the whole runner on a second, minimal one. Built-in adapters are named in ``BUILTIN``; a package
+can add one under the ``kvbench.adapters`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol
+
+from torch import Tensor
+
+from kvbench.contract import ModelFacts, Need, Policy
+from kvbench.engine import PinnedSlots
+from kvbench.errors import UnknownNameError
+from kvbench.schedule import ProtectedPrefix, Schedule
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter provides; the runner checks every cell against it before the first token."""
+
+    needs: frozenset[Need]
+    """The policy needs it can serve (recent queries, per-step attention, RoPE, calibration)."""
+    devices: tuple[str, ...]
+    """Device kinds, e.g. ("cpu", "cuda")."""
+    dtypes: tuple[str, ...]
+    attentions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-protocol sampling; temperature 0 means greedy (never for thinking models' benchmarks)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+GREEDY = Sampling()
+
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    evictions: int
+    """Eviction events that happened while this sample was decoding."""
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Generation:
+    samples: list[Sample]
+    prompt_tokens: int
+    eviction_events: int
+    eviction_seconds: float
+    decode_seconds: float
+    """Wall time of the decode steps (prefill excluded), evictions included."""
+    peak_kv_bytes: int
+    protected: ProtectedPrefix
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TeacherForced:
+    logprobs: Tensor
+    """[k, T] log p(continuation[t] | prompt, continuation[:t]) under the policy, per row."""
+    greedy_match: Tensor
+    """[k, T] bool: the policy's argmax equals continuation[t]."""
+    kl_to_full: Tensor | None
+    """[k, T] KL(full ‖ policy) of the next-token distributions, when a reference was asked for."""
+    top1_agrees_with_full: Tensor | None
+    """[k, T] bool: the policy's argmax equals the full cache's."""
+    eviction_events: int
+    eviction_seconds: float
+    peak_kv_bytes: int
+
+
+class Backend(Protocol):
+    """A model loaded by an adapter."""
+
+    facts: ModelFacts
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens)."""
+        ...
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """One user turn through the model's chat template, ready for the answer."""
+        ...
+
+    def teacher_force(
+        self,
+        prompt_ids: Sequence[int],
+        continuation_ids: Sequence[int],
+        policy: Policy,
+        schedule: Schedule,
+        *,
+        row_seeds: Sequence[int],
+        calibration: Any = None,
+        reference: bool = False,
+        refuse_capped_prompt: bool = False,
+        pinned: PinnedSlots | None = None,
+    ) -> TeacherForced:
+        """Score ``continuation_ids`` after ``prompt_ids`` once per row seed, evicting on the schedule."""
+        ...
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        policy: Policy,
+        schedule: Schedule,
+        *,
+        sample_seeds: Sequence[int],
+        sampling: Sampling,
+        max_new_tokens: int,
+        calibration: Any = None,
+        refuse_capped_prompt: bool = False,
+    ) -> Generation:
+        """Decode one sample per seed from one prompt as a batch, evicting on the schedule."""
+        ...
+
+    def calibrate(self) -> Any:
+        """Per-model query statistics for policies that need ``calibration``."""
+        ...
+
+
+class Adapter(Protocol):
+    name: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> Backend:
+        """Load a model spec (its dtype included) onto ``device``; ``progress`` allows progress bars."""
+        ...
+
+
+BUILTIN = {"hf": "kvbench.adapters.hf.backend:HFAdapter"}
+_REGISTERED: dict[str, Callable[[], Adapter]] = {}
+
+
+def register_adapter(name: str, factory: Callable[[], Adapter]) -> None:
+    """Make an adapter available by name in this process (a plugin or a test)."""
+    _REGISTERED[name] = factory
+
+
+def known_adapters() -> list[str]:
+    plugins = [e.name for e in entry_points(group="kvbench.adapters")]
+    return sorted({*BUILTIN, *_REGISTERED, *plugins})
+
+
+def find_adapter(name: str) -> Adapter:
+    """The adapter called ``name``; an unknown name is refused with the known ones."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]()
+    target = BUILTIN.get(name)
+    if target is None:
+        found = [e for e in entry_points(group="kvbench.adapters") if e.name == name]
+        if not found:
+            raise UnknownNameError("adapter", name, known_adapters())
+        return found[0].load()()
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)()

@@ -1,0 +1,121 @@
+"""The ``hf`` adapter: kvbench's cache inside Hugging Face transformers models (adapters/base.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from kvbench.adapters.base import Capabilities, Generation, Sampling, TeacherForced
+from kvbench.adapters.hf.models import LoadedModel
+from kvbench.contract import NEEDS, ModelFacts, Policy
+from kvbench.engine import PinnedSlots
+from kvbench.schedule import Schedule
+
+
+class HFBackend:
+    """One loaded transformers model; ``loaded`` stays reachable for hf-only tools (benchmarks)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.facts: ModelFacts = loaded.facts
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        return self.loaded.prompt_ids(user_text)
+
+    def teacher_force(
+        self,
+        prompt_ids: Sequence[int],
+        continuation_ids: Sequence[int],
+        policy: Policy,
+        schedule: Schedule,
+        *,
+        row_seeds: Sequence[int],
+        calibration: Any = None,
+        reference: bool = False,
+        refuse_capped_prompt: bool = False,
+        pinned: PinnedSlots | None = None,
+    ) -> TeacherForced:
+        from kvbench.adapters.hf.teacher import teacher_force
+
+        return teacher_force(
+            self.loaded,
+            prompt_ids,
+            continuation_ids,
+            policy,
+            schedule,
+            row_seeds=row_seeds,
+            calibration=calibration,
+            reference=reference,
+            refuse_capped_prompt=refuse_capped_prompt,
+            pinned=pinned,
+        )
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        policy: Policy,
+        schedule: Schedule,
+        *,
+        sample_seeds: Sequence[int],
+        sampling: Sampling,
+        max_new_tokens: int,
+        calibration: Any = None,
+        refuse_capped_prompt: bool = False,
+    ) -> Generation:
+        from kvbench.adapters.hf.decode import generate
+
+        return generate(
+            self.loaded,
+            prompt_ids,
+            policy,
+            schedule,
+            sample_seeds=sample_seeds,
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            calibration=calibration,
+            refuse_capped_prompt=refuse_capped_prompt,
+        )
+
+    def calibrate(self) -> Any:
+        from kvbench.adapters.hf.calibrate import calibrate
+
+        return calibrate(self.loaded)
+
+
+class HFAdapter:
+    name = "hf"
+
+    def capabilities(self) -> Capabilities:
+        from kvbench.adapters.hf.attention import INNER
+
+        return Capabilities(
+            needs=frozenset(NEEDS),
+            devices=("cpu", "cuda"),
+            dtypes=("float32", "bfloat16", "float16"),
+            attentions=INNER,
+        )
+
+    def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> HFBackend:
+        from kvbench.adapters.hf.models import load_model
+
+        with _weight_loading_bar(progress):
+            return HFBackend(load_model(spec, device=device, attention=attention))
+
+
+@contextmanager
+def _weight_loading_bar(shown: bool) -> Iterator[None]:
+    """Quiet runs (CI logs) without transformers' weight-loading bar either; its setting is restored."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    if not shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()

@@ -1,0 +1,203 @@
+"""The comparison every results table shows, built in one place: `kvbench run`'s table, `kvbench compare`
+and the leaderboard all call :func:`compare_table` and only format what it returns.
+
+A table is a set of stored runs that share model, protocol, runtime, protocol seed and compression
+(the full cache's runs serve every compression). Within it, an *arm* is a policy with its parameters and
+role; each arm's score pools the table's tasks, clustered by (task, problem). Every arm is paired with
+the baseline (the Random Attention null unless asked otherwise) only where both ran the same samples
+per problem on every task, and the sign tests of the paired arms are Holm-corrected together. An arm
+whose baseline is missing or differs in samples is reported as such, never paired with another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import duckdb
+
+from kvbench.runner.summary import CellSummary, most_complete
+from kvbench.stats import Estimate, PairedComparison, bootstrap_mean, compare_arms, paired_difference, pool
+from kvbench.stats import verdicts as holm_verdicts
+
+RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
+"""A run's runtime as one label: arms are compared within one runtime, never across two."""
+
+NO_BASELINE = "no matching baseline"
+"""The verdict of an arm whose baseline was not run under the same protocol seed, runtime and samples
+per problem: it is shown, never paired with another baseline."""
+
+
+class StoredRun(NamedTuple):
+    """One row of the runs table, as the comparison reads it."""
+
+    run_id: str
+    model: str
+    task: str
+    protocol: str
+    runtime: str
+    """adapter/device/dtype/attention."""
+    seed: int
+    """The protocol seed: every sample's seed and eviction draws derive from it."""
+    samples: int
+    """Samples per problem."""
+    budget: int | None
+    ratio: float | None
+    n_avg: float | None
+    policy: str
+    params: str
+    role: str
+
+    @property
+    def arm(self) -> tuple[str, str, str]:
+        return self.policy, self.params, self.role
+
+    @property
+    def context(self) -> tuple[str, str, str, str, int]:
+        """What every run of one table shares (the task aside)."""
+        return self.model, self.task, self.protocol, self.runtime, self.seed
+
+
+_RUNS = f"""
+SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
+       policy, policy_params, role
+FROM runs
+WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
+ORDER BY created, run_id
+"""
+
+
+def stored_runs(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    run_ids: Sequence[str] | None = None,
+    model: str | None = None,
+    protocol: str | None = None,
+) -> list[StoredRun]:
+    """Runs in the order they were created; every filter is a bound parameter."""
+    ids = None if run_ids is None else list(run_ids)
+    rows = con.execute(_RUNS, [ids, ids, model, model, protocol, protocol]).fetchall()
+    return [StoredRun(*row) for row in rows]
+
+
+def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
+    """The tasks every arm of a table ran, sorted: what its pooled scores can fairly average."""
+    ran: dict[tuple[str, str, str], set[str]] = {}
+    for run in runs:
+        ran.setdefault(run.arm, set()).add(run.task)
+    return sorted(set.intersection(*ran.values())) if ran else []
+
+
+def k_over_n_avg(runs: Sequence[StoredRun]) -> float:
+    """The budget as a share of the tasks' reference length: the mean of K / N_avg over the runs that have
+    both (a ratio protocol's K is N_avg / ratio rounded to its buffer, so this is what was used)."""
+    shares = [r.budget / r.n_avg for r in runs if r.budget and r.n_avg and r.role != "reference"]
+    return sum(shares) / len(shares) if shares else math.nan
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm of a table: its score pooled over the table's tasks, and how it compares."""
+
+    policy: str
+    params: str
+    role: str
+    runs: dict[str, StoredRun]
+    """Task -> the run standing for this arm on it (the one with the most samples), pooled or not."""
+    per_task: dict[str, Estimate]
+    score: Estimate
+    """Pooled over the table's tasks, clustered by (task, problem)."""
+    strict: Estimate
+    """Strict pass@1: correct and finished before the token cap."""
+    truncation_rate: float
+    no_answer_rate: float
+    mean_generated_tokens: float
+    k_over_n_avg: float
+    samples: int
+    """Sample rows behind the pooled score."""
+    vs_baseline: Estimate | None
+    """Paired difference to the baseline (None for the baseline itself, or without a matching one)."""
+    test: PairedComparison | None
+    """The sign test against the baseline with its Holm-corrected verdict (arms under test only)."""
+    vs_full: Estimate | None
+
+    @property
+    def verdict(self) -> str | None:
+        """The Holm verdict, NO_BASELINE for an arm under test that could not be paired, None otherwise."""
+        if self.test is not None:
+            return self.test.verdict
+        return NO_BASELINE if self.role == "policy" else None
+
+
+def _rate(parts: Sequence[CellSummary], field: str) -> float:
+    samples = sum(p.samples for p in parts)
+    return sum(getattr(p, field) * p.samples for p in parts if p.samples) / samples if samples else math.nan
+
+
+def compare_table(
+    runs: Sequence[StoredRun],
+    summaries: Mapping[str, CellSummary],
+    *,
+    tasks: Sequence[str],
+    also: Sequence[str] = (),
+    baseline: str = "random",
+) -> list[ArmResult]:
+    """Every arm of one table, pooled over ``tasks`` (arms that miss one of them are left out).
+
+    ``runs`` are one table's runs in creation order; an arm run again on a task (say with a larger
+    --limit) is represented by its run with the most samples. The baseline is the arm of policy
+    ``baseline`` that is not the full-cache reference (its null run, if it also ran as a policy).
+    Tasks in ``also`` are not pooled, but an arm's runs and per-task scores on them are reported.
+    """
+    chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
+    by_arm: dict[tuple[str, str, str], dict[str, StoredRun]] = {}
+    for run in chosen:
+        by_arm.setdefault(run.arm, {})[run.task] = run
+    arms = {arm: got for arm, got in by_arm.items() if all(t in got for t in tasks)}
+    pooled = {arm: pool({t: summaries[got[t].run_id].scores for t in tasks}) for arm, got in arms.items()}
+    candidates = [a for a in arms if a[0] == baseline and a[2] != "reference"]
+    base = next((a for a in candidates if a[2] == "null"), candidates[0] if candidates else None)
+    full = next((a for a in arms if a[2] == "reference"), None)
+
+    def pairs_with_base(arm: tuple[str, str, str]) -> bool:
+        return base is not None and all(arms[arm][t].samples == arms[base][t].samples for t in tasks)
+
+    tested = [a for a in arms if a != base and a[2] != "reference" and pairs_with_base(a)]
+    tests = dict(
+        zip(tested, holm_verdicts([compare_arms(pooled[a], pooled[base]) for a in tested]), strict=True)
+    )
+    results = []
+    for arm, got in arms.items():
+        parts = [summaries[got[t].run_id] for t in tasks]
+        test = tests.get(arm)
+        if test is not None:
+            vs_base = test.difference
+        elif arm != base and arm[2] == "reference" and pairs_with_base(arm):
+            vs_base = paired_difference(pooled[arm], pooled[base])
+        else:
+            vs_base = None
+        shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
+        results.append(
+            ArmResult(
+                policy=arm[0],
+                params=arm[1],
+                role=arm[2],
+                runs={t: got[t] for t in shown},
+                per_task={t: bootstrap_mean(list(summaries[got[t].run_id].scores.values())) for t in shown},
+                score=bootstrap_mean(list(pooled[arm].values())),
+                strict=bootstrap_mean(
+                    list(pool({t: p.strict for t, p in zip(tasks, parts, strict=True)}).values())
+                ),
+                truncation_rate=_rate(parts, "truncation_rate"),
+                no_answer_rate=_rate(parts, "no_answer_rate"),
+                mean_generated_tokens=_rate(parts, "mean_generated_tokens"),
+                k_over_n_avg=k_over_n_avg([got[t] for t in tasks]),
+                samples=sum(p.samples for p in parts),
+                vs_baseline=vs_base,
+                test=test,
+                vs_full=paired_difference(pooled[arm], pooled[full]) if full and arm != full else None,
+            )
+        )
+    return results

@@ -1,0 +1,205 @@
+"""The records kvbench stores, typed once: a sample (one per generated or teacher-forced sample) and a run
+(one per cell). The shards' Parquet schema and the DuckDB tables are derived from these models, rows are
+inserted by column name, so a field added here appears in all three (tests/results/test_records.py).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
+
+import pyarrow as pa
+import pydantic
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 5
+"""Bumped with every change of the records; a store of another version is rebuilt from its shards."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """How one field is stored: its Arrow type in the shards and its DuckDB type in the database."""
+
+    arrow: pa.DataType
+    sql: str
+
+
+INT32 = Column(pa.int32(), "INTEGER")
+JSON = Column(pa.string(), "JSON")
+"""A JSON document, a string in the shards."""
+_BY_TYPE = {
+    str: Column(pa.string(), "VARCHAR"),
+    int: Column(pa.int64(), "BIGINT"),
+    float: Column(pa.float64(), "DOUBLE"),
+    bool: Column(pa.bool_(), "BOOLEAN"),
+}
+
+
+class SampleRecord(BaseModel):
+    """One sample: a generated answer with its verdict, or a teacher-forced probe with its measurements."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    run_id: str
+    """The cell's identity: a hash of its fully resolved spec."""
+    task: str
+    problem_id: str
+    problem_hash: str
+    """sha256 of the problem id, the name of the problem's shard."""
+    sample: Annotated[int, INT32]
+    """Index of the sample within its problem (0 .. samples per problem − 1)."""
+    seed: int
+    """The sample's seed: its sampling and every eviction draw derive from it."""
+    metric: float | None
+    """What the task scores: 1/0 correctness for graded tasks, the probe's metric for probes."""
+    correct: bool | None
+    """The grader's verdict (None for continuous probe metrics)."""
+    strict_correct: bool | None
+    """Correct and finished before the token cap."""
+    finish_reason: str
+    """``stop``, ``length`` (the token cap) or ``teacher-forced``."""
+    reason: str | None = None
+    """Why a graded sample is wrong (the grader's category), None when correct or not graded."""
+    generated_tokens: Annotated[int, INT32]
+    evictions: Annotated[int, INT32]
+    """Eviction events in this sample's cache."""
+    no_answer: bool | None = None
+    """Graded tasks: no answer could be extracted from the output."""
+    grader_version: str | None = None
+    """Graded tasks: the version of the grader that gave the verdict."""
+    answer_logprob: float | None = None
+    """Needle probes: the log-probability of the answer's tokens under the evicted cache."""
+    kl_to_full: float | None = None
+    """Fidelity probe: mean KL divergence from the full cache's next-token distribution."""
+    eviction_seconds: float
+    """Time spent choosing what to evict, this sample's share of its batch."""
+    secondary: Annotated[dict[str, Any], JSON] = pydantic.Field(default_factory=dict)
+    """Further per-task details no table reads (grader detail, token counts, probe depth)."""
+    output: str | None
+    """The generated text; None for private tasks and probes."""
+    wall_seconds: float
+
+    def row(self) -> dict[str, Any]:
+        """The record as one row of the shards and the samples table."""
+        return _row(self)
+
+
+class RunRecord(BaseModel):
+    """One run (a cell): its resolved spec flattened into the columns tables filter on, and provenance."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    run_id: str
+    role: str | None
+    """``policy``, ``null`` or ``reference``."""
+    label: str | None
+    adapter: str
+    device: str
+    dtype: str
+    attention: str
+    model: str
+    task: str
+    task_version: Annotated[int, INT32]
+    policy: str
+    policy_params: Annotated[dict[str, Any], JSON]
+    policy_doc: Annotated[dict[str, Any] | None, JSON] = None
+    """The policy's documentation as the code that produced these numbers had it."""
+    protocol: str
+    protection: str
+    budget: Annotated[int, INT32] | None
+    """K in tokens per KV head; None for the full cache."""
+    buffer: Annotated[int, INT32]
+    n_avg: float | None
+    ratio: float | None
+    samples_per_problem: Annotated[int, INT32]
+    protocol_seed: int
+    visibility: str
+    kvbench_version: str | None
+    git_sha: str | None
+    git_dirty: bool | None
+    packages: Annotated[dict[str, Any] | None, JSON]
+    hardware: Annotated[dict[str, Any] | None, JSON]
+    created: float | None
+    spec: Annotated[dict[str, Any], JSON]
+    """The whole resolved spec the run id hashes."""
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> RunRecord:
+        spec = manifest["spec"]
+        protocol, task = spec["protocol"], spec["task"]
+        git = manifest.get("git") or {}
+        # a run planned before the runtime joined the identity ran with the hf adapter's defaults
+        runtime = spec.get("runtime") or {"adapter": "hf", "device": "cpu", "attention": "sdpa"}
+        return cls(
+            run_id=manifest["run_id"],
+            role=manifest.get("role"),
+            label=manifest.get("label"),
+            adapter=runtime["adapter"],
+            device=runtime["device"],
+            dtype=runtime.get("dtype", spec["model"]["dtype"]),
+            attention=runtime["attention"],
+            model=spec["model"]["name"],
+            task=task["name"],
+            task_version=task["version"],
+            policy=spec["policy"]["name"],
+            policy_params=spec["policy"]["params"],
+            policy_doc=manifest.get("policy_doc"),
+            protocol=protocol["name"],
+            protection=protocol["protection"],
+            budget=spec["budget"],
+            buffer=protocol["buffer"],
+            n_avg=spec["n_avg"],
+            ratio=spec["ratio"],
+            samples_per_problem=spec["samples"],
+            protocol_seed=protocol["seed"],
+            visibility=task["visibility"],
+            kvbench_version=manifest.get("kvbench"),
+            git_sha=git.get("sha"),
+            git_dirty=git.get("dirty"),
+            packages=manifest.get("packages"),
+            hardware=manifest.get("hardware"),
+            created=manifest.get("created"),
+            spec=spec,
+        )
+
+    def row(self) -> dict[str, Any]:
+        return _row(self)
+
+
+def column(model: type[BaseModel], name: str) -> Column:
+    """The storage of one field: its annotated Column, else the one of its Python type."""
+    field = model.model_fields[name]
+    for marker in field.metadata:
+        if isinstance(marker, Column):
+            return marker
+    annotation = field.annotation
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Annotated:
+        return next(m for m in annotation.__metadata__ if isinstance(m, Column))
+    return _BY_TYPE[annotation]
+
+
+def arrow_schema(model: type[BaseModel]) -> pa.Schema:
+    return pa.schema([(name, column(model, name).arrow) for name in model.model_fields])
+
+
+def table_ddl(model: type[BaseModel], table: str, primary_key: tuple[str, ...]) -> str:
+    columns = [f"{name} {column(model, name).sql}" for name in model.model_fields]
+    key = ", ".join(primary_key)
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, PRIMARY KEY ({key}))"
+
+
+def _row(record: BaseModel) -> dict[str, Any]:
+    row = record.model_dump()
+    for name in row:
+        if column(type(record), name) is JSON and row[name] is not None:
+            row[name] = json.dumps(row[name])
+    return row
+
+
+SAMPLE_SCHEMA = arrow_schema(SampleRecord)
+SAMPLE_KEY = ("run_id", "problem_id", "sample")

@@ -1,0 +1,125 @@
+"""The stored records: one typed source for the shards' schema and the database's tables, and a store of
+the previous schema (written by kvbench before this change, tests/fixtures/store-v4) rebuilt from its shards
+with every value kept."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pydantic
+import pytest
+
+from kvbench.results import records
+from kvbench.results.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
+from kvbench.runner.ingest import SCHEMA
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
+
+
+def database_columns(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
+    rows = con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+        "ORDER BY ordinal_position",
+        [table],
+    ).fetchall()
+    return dict(rows)
+
+
+def test_the_arrow_schema_and_the_tables_are_the_record_models() -> None:
+    con = duckdb.connect()
+    con.execute(SCHEMA)
+    for model, table in ((SampleRecord, "samples"), (RunRecord, "runs")):
+        assert list(database_columns(con, table)) == list(model.model_fields)
+        assert arrow_schema(model).names == list(model.model_fields)
+    assert records.SAMPLE_SCHEMA.field("sample").type == pa.int32()
+    assert database_columns(con, "samples")["secondary"] == "JSON"
+
+
+def test_a_new_field_appears_in_the_arrow_schema_and_the_ddl() -> None:
+    from typing import Annotated
+
+    class Grown(SampleRecord):
+        prefill_tokens: Annotated[int, INT32] | None = None
+        """A field a later issue might add."""
+
+    con = duckdb.connect()
+    con.execute(table_ddl(Grown, "grown", records.SAMPLE_KEY))
+    assert database_columns(con, "grown")["prefill_tokens"] == "INTEGER"
+    assert arrow_schema(Grown).field("prefill_tokens").type == pa.int32()
+
+
+def test_a_record_refuses_a_misspelt_field() -> None:
+    with pytest.raises(pydantic.ValidationError, match="grader_verison"):
+        SampleRecord(
+            run_id="r", task="t", problem_id="p", problem_hash="h", sample=0, seed=0, metric=1.0,
+            correct=True, strict_correct=True, finish_reason="stop", generated_tokens=1, evictions=0,
+            eviction_seconds=0.0, output=None, wall_seconds=0.0, grader_verison="math-1",
+        )  # fmt: skip
+
+
+def old_values(database: Path) -> list[tuple[Any, ...]]:
+    """Every v4 sample's values, its measurements read out of `secondary` as v4 stored them."""
+    con = duckdb.connect(str(database), read_only=True)
+    rows = con.execute(
+        "SELECT run_id, problem_id, sample, seed, metric, correct, strict_correct, finish_reason, "
+        "generated_tokens, evictions, output, secondary FROM samples ORDER BY run_id, problem_id, sample"
+    ).fetchall()
+    con.close()
+    out = []
+    for *head, secondary in rows:
+        extra = json.loads(secondary)
+        measured = tuple(extra.pop(k, None) for k in ("no_answer", "grader", "answer_logprob", "kl_to_full"))
+        extra.pop("eviction_seconds")
+        out.append((*head, *measured, extra))
+    return out
+
+
+def new_values(database: Path) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(database), read_only=True)
+    rows = con.execute(
+        "SELECT run_id, problem_id, sample, seed, metric, correct, strict_correct, finish_reason, "
+        "generated_tokens, evictions, output, no_answer, grader_version, answer_logprob, kl_to_full, "
+        "secondary FROM samples ORDER BY run_id, problem_id, sample"
+    ).fetchall()
+    con.close()
+    return [(*head, json.loads(secondary)) for *head, secondary in rows]
+
+
+@pytest.mark.slow
+def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(V4 / "shards", runs / "shards")
+    with gzip.open(V4 / "kvbench.duckdb.gz") as packed, open(runs / "kvbench.duckdb", "wb") as database:
+        shutil.copyfileobj(packed, database)
+    expected = old_values(runs / "kvbench.duckdb")
+    assert len(expected) == 24 and any(row[11] is not None for row in expected)  # generated rows too
+
+    refused = subprocess.run([KVBENCH, "ingest"], capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "schema 4, this kvbench writes 5" in refused.stderr
+    assert "kvbench ingest --rebuild --out runs" in refused.stderr
+    assert old_values(runs / "kvbench.duckdb") == expected  # the refused database is left as it was
+
+    rebuilt = subprocess.run([KVBENCH, "ingest", "--rebuild"], capture_output=True, text=True, cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert new_values(runs / "kvbench.duckdb") == expected
+    con = duckdb.connect(str(runs / "kvbench.duckdb"), read_only=True)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (9,)
+    assert con.execute("SELECT count(*) FROM runs WHERE policy_doc IS NULL").fetchone() == (9,)
+    con.close()
+    # the rebuilt store reads like a new one: compare pairs its arms
+    compared = subprocess.run(
+        [KVBENCH, "compare", "--format", "json"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert {r["policy"] for r in json.loads(compared.stdout)} == {"snapkv"}
