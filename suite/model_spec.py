@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -72,6 +72,18 @@ class ModelSpec(StrictSpec):
     """Selects the protocol's sampling settings (Qwen3: T=0.6, top_p=0.95; Phi-4-reasoning: T=0.8, ...)."""
     dtype: Literal["float32", "bfloat16"]
     source: Source
+    # Fields added after spec version 1 join a model's identity only when set away from their default,
+    # so that the identities (and stored results) of specs that do not use them stay what they were.
+    thinking: bool = pydantic.Field(default=False, exclude_if=lambda value: value is False)
+    """The model reasons before a ``</think>`` marker: graders read only the answer after it, and an
+    output without the marker has no answer."""
+    chat_template_args: dict[str, Any] = pydantic.Field(
+        default_factory=dict, exclude_if=lambda value: not value
+    )
+    """Extra arguments of the tokenizer's chat template (Qwen3: ``enable_thinking: true``)."""
+
+    def __hash__(self) -> int:  # a spec is a key of the runner's groupings; its dict field is not hashable
+        return hash(self.model_dump_json())
 
 
 def model_names() -> list[str]:

@@ -7,20 +7,15 @@ air-gapped users use their own copy).
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
-import json
-import pickle
 import shutil
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvbench.errors import PrerequisiteError, SpecError
-from kvbench.graders.choice import shuffled_choices
+from kvbench.graders.registry import make_grader
 from kvbench.task_spec import HubDataset, TaskSpec
 
 
@@ -109,69 +104,14 @@ def load_problems(
             f"task {task.name!r}: {origin} has no column(s) {', '.join(missing)} (columns: "
             f"{', '.join(rows[0])}): give a copy in the hub's layout, or fix the task's `fields`"
         )
+    grader = make_grader(task.grader)
     for index, row in enumerate(rows):
         problem_id = str(row[fields.id]) if fields.id else f"{source.split}-{index}"
-        question = str(row[fields.question])
-        if task.grader == "code":
-            prompt, gold = _code_problem(task, row, question)
-        elif task.grader == "choice":
-            shuffled = shuffled_choices(
-                str(row[fields.correct]), [str(row[c]) for c in fields.incorrect], problem_id
-            )
-            choices = "\n".join(
-                f"({letter}) {text}" for letter, text in zip("ABCD", shuffled.choices, strict=False)
-            )
-            prompt = task.prompt.replace("{question}", question).replace("{choices}", choices)
-            gold = {"answer": shuffled.answer, "order": list(shuffled.order)}
-        else:
-            answer = str(row[fields.answer])
-            if fields.answer_after:
-                answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
-            prompt = task.prompt.replace("{question}", question)
-            gold = {"answer": answer}
+        prompt, gold = grader.problem(task, row, problem_id, str(row[fields.question]))
         problems.append(Problem(problem_id, prompt, gold))
         if limit is not None and len(problems) >= limit:
             break
     return problems
-
-
-class _StringsOnly(pickle.Unpickler):
-    """LiveCodeBench pickles its private tests as a plain string: refuse anything that needs a class."""
-
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a dataset")
-
-
-def decode_tests(value: str) -> list[dict[str, Any]]:
-    """Test cases as stored: a JSON list, or base64(zlib(pickle(JSON string)))."""
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        raw = zlib.decompress(base64.b64decode(value.encode()))
-        return json.loads(_StringsOnly(io.BytesIO(raw)).load())
-
-
-def _code_problem(task: TaskSpec, row: dict[str, Any], question: str) -> tuple[str, dict[str, Any]]:
-    from kvbench.graders.code import CodeTest
-
-    fields = task.source.fields
-    tests = [
-        CodeTest(str(t["input"]), str(t["output"]), str(t.get("testtype", "stdin")))
-        for column in fields.tests
-        for t in decode_tests(str(row[column] or "[]"))
-    ]
-    metadata = json.loads(row[fields.metadata] or "{}") if fields.metadata else {}
-    function = metadata.get("func_name")
-    starter = str(row.get(fields.starter_code) or "") if fields.starter_code else ""
-    if function:
-        form = f"Complete this class and return it in one ```python block:\n```python\n{starter}\n```"
-    else:
-        form = (
-            "Read the input from standard input and print the answer to standard output. "
-            "Give the whole program in one ```python block."
-        )
-    prompt = task.prompt.replace("{question}", question).replace("{format}", form)
-    return prompt, {"tests": tests, "function": function}
 
 
 def data_fingerprint(path: Path) -> str:

@@ -77,7 +77,8 @@ class TaskSpec(StrictSpec):
     source: Source
     metric: str
     """The primary metric, higher is better (e.g. exact retrieval, top-1 agreement with the full cache)."""
-    grader: Literal["probe", "math", "choice", "code"] = "probe"
+    grader: str = "probe"
+    """``probe`` (teacher-forced probes) or a registered grader: math, choice, code."""
     answer_kind: Literal["latex", "integer"] = "latex"
     """Math: how the gold answer is parsed (integer for AIME, LaTeX for MATH-500)."""
     prompt: str = "{question}"
@@ -96,16 +97,18 @@ class TaskSpec(StrictSpec):
 
     @pydantic.model_validator(mode="after")
     def _grader_fits_source(self) -> TaskSpec:
-        if (self.grader == "probe") != (self.source.kind == "probe"):
+        from kvbench.graders.registry import PROBE, entry
+
+        if (self.grader == PROBE) != (self.source.kind == "probe"):
             raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
         if self.source.kind == "hub-dataset":
-            fields = self.source.fields
-            if self.grader == "math" and fields.answer is None:
-                raise ValueError("a math task needs `fields.answer`")
-            if self.grader == "choice" and (fields.correct is None or not fields.incorrect):
-                raise ValueError("a choice task needs `fields.correct` and `fields.incorrect`")
-            if self.grader == "code" and not fields.tests:
-                raise ValueError("a code task needs `fields.tests`")
+            try:
+                needed = entry(self.grader).fields
+            except UnknownNameError as exc:
+                raise ValueError(str(exc)) from None
+            unset = [f"`fields.{f}`" for f in needed if not getattr(self.source.fields, f)]
+            if unset:
+                raise ValueError(f"a {self.grader} task needs {' and '.join(unset)}")
         return self
 
     def reference_n_avg(self, model: str) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from kvbench.runner.store import PACKAGES
+from kvbench.provenance import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 

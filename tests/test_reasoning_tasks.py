@@ -117,7 +117,7 @@ def test_a_pickled_dataset_field_cannot_load_code() -> None:
     import pickle
     import zlib
 
-    from kvbench.task_data import decode_tests
+    from kvbench.graders.code import decode_tests
 
     hostile = base64.b64encode(zlib.compress(pickle.dumps(print))).decode()
     with pytest.raises(pickle.UnpicklingError, match=r"refusing to load builtins\.print"):

@@ -38,10 +38,13 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     def prompt_ids(self, user_text: str) -> list[int]:
-        """One user turn through the model's chat template, generation prompt added (Qwen3: thinking on)."""
-        extra = {"enable_thinking": True} if self.spec.family == "qwen3" else {}
+        """One user turn through the model's chat template, generation prompt added, with the spec's
+        chat-template arguments (Qwen3: thinking on)."""
         rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=True, **extra
+            [{"role": "user", "content": user_text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            **self.spec.chat_template_args,
         )
         return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 

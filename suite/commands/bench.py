@@ -49,8 +49,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def bench_sandbox_command(args: argparse.Namespace) -> int:
-    from kvbench.bench.machine import describe_machine
     from kvbench.bench.sandbox import time_sandbox
+    from kvbench.provenance import describe_machine
 
     rows = time_sandbox(args.repeats)
     table = Table(title="one code test: a plain subprocess against the sandbox (bwrap + harness + grading)")
@@ -82,7 +82,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     import torch
 
     from kvbench.bench.evict import bench_evict
-    from kvbench.bench.machine import describe_machine
+    from kvbench.provenance import describe_machine
 
     results = bench_evict(
         args.policy or None,
@@ -133,7 +133,7 @@ def _record(out: Path, settings: dict, machine: dict, rows: list) -> Path:
 
 def bench_decode_command(args: argparse.Namespace) -> int:
     from kvbench.bench.decode import bench_decode
-    from kvbench.bench.machine import describe_machine
+    from kvbench.provenance import describe_machine
 
     policies = args.policy or ["random", "streaming", "snapkv", "h2o", "vase-attnv"]
     results = bench_decode(args.model, policies, tokens=args.tokens, budget=args.budget, buffer=args.buffer)
@@ -175,7 +175,7 @@ def bench_leaderboard_command(args: argparse.Namespace) -> int:
     import tempfile
 
     from kvbench.bench.leaderboard import CASES, synthetic_store, time_render
-    from kvbench.bench.machine import describe_machine
+    from kvbench.provenance import describe_machine
 
     table = Table(title="leaderboard: one app run (queries, statistics, layout) on synthetic stores, 4 tasks")
     for column in ("store", "policies", "sample rows", "first render (s)", "rerun (s)"):

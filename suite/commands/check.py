@@ -40,6 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def check_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
+    from kvbench.provenance import provenance
     from kvbench.runner.check import (
         collect,
         compare_with_reference,
@@ -51,7 +52,6 @@ def check_command(args: argparse.Namespace) -> int:
     from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
     from kvbench.runner.plan import RunRequest, plan
-    from kvbench.runner.store import provenance
     from kvbench.suite_spec import load_suite
 
     suite = load_suite(args.suite)

@@ -10,6 +10,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvbench.graders.thinking import final_answer
 from kvbench.seeding import stable_seed
@@ -67,3 +68,25 @@ def grade_choice(output: str, answer: str, *, thinking: bool = False) -> ChoiceV
     final = final_answer(output, thinking=thinking)
     letter = extract_letter(final) if final is not None else None
     return ChoiceVerdict(correct=letter == answer, no_answer=letter is None, extracted=letter)
+
+
+class ChoiceTaskGrader:
+    """The ``choice`` grader: the options shuffled per problem (never the dataset's order), the letter
+    after the thinking compared with the shuffled correct one."""
+
+    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
+        fields = task.source.fields
+        shuffled = shuffled_choices(
+            str(row[fields.correct]), [str(row[c]) for c in fields.incorrect], problem_id
+        )
+        choices = "\n".join(
+            f"({letter}) {text}" for letter, text in zip(LETTERS, shuffled.choices, strict=False)
+        )
+        prompt = task.prompt.replace("{question}", question).replace("{choices}", choices)
+        return prompt, {"answer": shuffled.answer, "order": list(shuffled.order)}
+
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> ChoiceVerdict:
+        return grade_choice(output, gold["answer"], thinking=thinking)
+
+    def close(self) -> None:
+        pass

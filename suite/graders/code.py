@@ -10,10 +10,15 @@ without it, and without --allow-code-execution).
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import pickle
 import re
+import zlib
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from kvbench.graders.sandbox import HARNESS, Limits, Outcome, Sandbox
 from kvbench.graders.thinking import final_answer
@@ -21,7 +26,15 @@ from kvbench.graders.thinking import final_answer
 GRADER_VERSION = "code-2"
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
 DEFAULT_LIMITS = Limits()
-__all__ = ["CodeTest", "CodeVerdict", "Limits", "extract_code", "grade_code"]
+__all__ = [
+    "CodeTaskGrader",
+    "CodeTest",
+    "CodeVerdict",
+    "Limits",
+    "decode_tests",
+    "extract_code",
+    "grade_code",
+]
 
 
 @dataclass(frozen=True)
@@ -129,3 +142,50 @@ def grade_code(
         if reason is not None:
             return CodeVerdict(correct=False, no_answer=False, failed=f"test {number}: {reason}")
     return CodeVerdict(correct=True, no_answer=False, failed=None)
+
+
+class CodeTaskGrader:
+    """The ``code`` grader: tests from the task's ``tests`` columns (functional problems name their method
+    in ``metadata``), the last python block run against each inside the sandbox."""
+
+    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
+        fields = task.source.fields
+        tests = [
+            CodeTest(str(t["input"]), str(t["output"]), str(t.get("testtype", "stdin")))
+            for column in fields.tests
+            for t in decode_tests(str(row[column] or "[]"))
+        ]
+        metadata = json.loads(row[fields.metadata] or "{}") if fields.metadata else {}
+        function = metadata.get("func_name")
+        starter = str(row.get(fields.starter_code) or "") if fields.starter_code else ""
+        if function:
+            form = f"Complete this class and return it in one ```python block:\n```python\n{starter}\n```"
+        else:
+            form = (
+                "Read the input from standard input and print the answer to standard output. "
+                "Give the whole program in one ```python block."
+            )
+        prompt = task.prompt.replace("{question}", question).replace("{format}", form)
+        return prompt, {"tests": tests, "function": function}
+
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> CodeVerdict:
+        return grade_code(output, gold["tests"], gold["function"], thinking=thinking)
+
+    def close(self) -> None:
+        pass
+
+
+class _StringsOnly(pickle.Unpickler):
+    """LiveCodeBench pickles its private tests as a plain string: refuse anything that needs a class."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a dataset")
+
+
+def decode_tests(value: str) -> list[dict[str, Any]]:
+    """Test cases as stored: a JSON list, or base64(zlib(pickle(JSON string)))."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raw = zlib.decompress(base64.b64decode(value.encode()))
+        return json.loads(_StringsOnly(io.BytesIO(raw)).load())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kvbench.graders.thinking import final_answer
 
@@ -93,3 +93,24 @@ class MathGrader:
             self.close()  # the worker may be stuck in sympy: kill it with its pool
             return MathVerdict(correct=False, no_answer=False, extracted=None, grader_timeout=True)
         return MathVerdict(correct=correct, no_answer=extracted is None, extracted=extracted)
+
+
+class MathTaskGrader:
+    """The ``math`` grader: the gold answer from the task's ``answer`` column (after ``answer_after``,
+    GSM8K's '####'), the final answer compared by math-verify in a worker process."""
+
+    def __init__(self) -> None:
+        self._grader = MathGrader()
+
+    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
+        fields = task.source.fields
+        answer = str(row[fields.answer])
+        if fields.answer_after:
+            answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
+        return task.prompt.replace("{question}", question), {"answer": answer}
+
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> MathVerdict:
+        return self._grader.grade(output, gold["answer"], kind=task.answer_kind, thinking=thinking)
+
+    def close(self) -> None:
+        self._grader.close()

@@ -12,14 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvbench.adapters.base import Backend, find_adapter
 from kvbench.calibration import QueryStats
 from kvbench.errors import BudgetError
-from kvbench.graders.math import MathGrader
+from kvbench.graders.registry import Grader, make_grader
 from kvbench.probes.problems import ProbeProblem
+from kvbench.provenance import provenance
 from kvbench.registry import policy_documentation
 from kvbench.results.records import SampleRecord
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
-from kvbench.runner.store import ShardStore, provenance
+from kvbench.runner.store import ShardStore
 from kvbench.seeding import sample_seed
 
 
@@ -88,22 +89,47 @@ def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Tim
     """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems."""
     timings = Timings()
     calibrations: dict[str, QueryStats] = {}
-    with MathGrader() as math_grader:
+    graders = Graders()
+    try:
         for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
             model_cells = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
             extra = provenance(runtime.device)
-            _run_model(model_cells, out, progress, extra, calibrations, timings, math_grader)
+            _run_model(model_cells, out, progress, extra, calibrations, timings, graders)
+    finally:
+        graders.close()
     return timings
 
 
-def _score(cell: Cell, backend: Backend, problem, calibration, math_grader: MathGrader) -> list[SampleRecord]:
+class Graders:
+    """One grader per name for a whole run (the math grader keeps a worker process), closed at its end."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Grader] = {}
+
+    def __getitem__(self, name: str) -> Grader:
+        if name not in self._made:
+            self._made[name] = make_grader(name)
+        return self._made[name]
+
+    def close(self) -> None:
+        for grader in self._made.values():
+            grader.close()
+
+
+def _score(cell: Cell, backend: Backend, problem, calibration, graders: Graders) -> list[SampleRecord]:
     seeds = [
         sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
     ]
     if cell.task.source.kind == "probe":
         return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
     return score_generation(
-        cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration, math_grader=math_grader
+        cell,
+        backend,
+        problem,
+        seeds,
+        run_id=cell.run_id,
+        calibration=calibration,
+        grader=graders[cell.task.grader],
     )
 
 
@@ -114,7 +140,7 @@ def _run_model(
     extra: dict,
     calibrations: dict,
     timings: Timings,
-    math_grader: MathGrader,
+    graders: Graders,
 ) -> None:
     spec, runtime = model_cells[0].model, model_cells[0].runtime
     model_name = spec.name
@@ -134,6 +160,7 @@ def _run_model(
                 "role": cell.role,
                 "label": cell.label,
                 "policy_doc": policy_documentation(cell.policy),
+                "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
             }
             store.write_manifest(cell.resolved, {**extra, **documented})
             calibration = _calibration(cell, backend, calibrations, timings)
@@ -143,7 +170,7 @@ def _run_model(
                     timings.reused += 1
                 else:
                     started = time.perf_counter()
-                    rows = _score(cell, backend, problem, calibration, math_grader)
+                    rows = _score(cell, backend, problem, calibration, graders)
                     store.write(problem.problem_id, rows)
                     spent = time.perf_counter() - started
                     timings.eviction += sum(r.eviction_seconds for r in rows)

@@ -10,15 +10,11 @@ import time
 from typing import Any
 
 from kvbench.adapters.base import Backend, Sampling
-from kvbench.graders.choice import grade_choice
-from kvbench.graders.code import grade_code
-from kvbench.graders.math import MathGrader
+from kvbench.graders.registry import Grader
 from kvbench.results.records import SampleRecord
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import problem_key
 from kvbench.task_data import Problem
-
-THINKING_FAMILIES = ("qwen3", "phi4-reasoning")
 
 
 def score_generation(
@@ -29,7 +25,7 @@ def score_generation(
     *,
     run_id: str,
     calibration: Any,
-    math_grader: MathGrader,
+    grader: Grader,
 ) -> list[SampleRecord]:
     started = time.perf_counter()
     family = cell.model.family
@@ -45,19 +41,9 @@ def score_generation(
         refuse_capped_prompt=True,
     )
     seconds = (time.perf_counter() - started) / len(seeds)
-    thinking = family in THINKING_FAMILIES
     rows = []
     for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
-        if cell.task.grader == "code":
-            verdict = grade_code(
-                sample.text, problem.gold["tests"], problem.gold["function"], thinking=thinking
-            )
-        elif cell.task.grader == "choice":
-            verdict = grade_choice(sample.text, problem.gold["answer"], thinking=thinking)
-        else:
-            verdict = math_grader.grade(
-                sample.text, problem.gold["answer"], kind=cell.task.answer_kind, thinking=thinking
-            )
+        verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
         truncated = sample.finish_reason == "length"
         public = cell.task.visibility == "public"
         secondary: dict[str, Any] = {"truncated": truncated}

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from kvbench.contract import Policy
 from kvbench.errors import CapabilityError, SpecError
+from kvbench.graders.registry import sandboxed
 from kvbench.model_spec import ModelSpec, load_model_spec
 from kvbench.protocol_spec import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.registry import make_policy, policy_record
@@ -200,7 +201,7 @@ def plan(request: RunRequest) -> list[Cell]:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
     tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
-    running_code = [t.name for t in tasks if t.grader == "code"]
+    running_code = [t.name for t in tasks if sandboxed(t.grader)]
     if running_code and not request.allow_code_execution:
         raise SpecError(
             f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "

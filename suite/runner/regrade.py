@@ -12,10 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import SpecError
-from kvbench.graders.choice import grade_choice
-from kvbench.graders.code import grade_code
-from kvbench.graders.math import MathGrader
-from kvbench.runner.generation_units import THINKING_FAMILIES
+from kvbench.graders.registry import make_grader, sandboxed
 from kvbench.runner.store import ShardStore, read_records
 from kvbench.task_data import load_problems
 from kvbench.task_spec import TaskSpec
@@ -40,37 +37,34 @@ def find_run(root: Path, run: str) -> Path:
 
 def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> RegradeReport:
     folder = find_run(root, run)
-    spec = json.loads((folder / "manifest.json").read_text())["spec"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    spec = manifest["spec"]
     task = TaskSpec.model_validate(spec["task"])
     if task.grader == "probe":
         raise SpecError(f"run {folder.name} is a probe ({task.name}): its scores are not graded outputs")
     if task.visibility == "private":
         raise SpecError(f"task {task.name!r} is private: its outputs were never stored; rerun it instead")
-    if task.grader == "code" and not allow_code_execution:
+    if sandboxed(task.grader) and not allow_code_execution:
         raise SpecError("re-grading code runs model-written programs: pass --allow-code-execution")
-    if task.grader == "code":
+    if sandboxed(task.grader):
         from kvbench.graders.sandbox import Sandbox
 
         Sandbox().check()
+    grader = make_grader(task.grader)
     data = Path(spec["data"]["path"]) if spec.get("data") else None
     problems = {p.problem_id: p for p in load_problems(task, data)}
-    thinking = spec["model"]["family"] in THINKING_FAMILIES
+    thinking = manifest.get("thinking")
+    if thinking is None:  # a run from before model specs said whether they think: the families that did
+        thinking = spec["model"]["family"] in ("qwen3", "phi4-reasoning")
     store = ShardStore(root, folder.name)
     samples = changed = 0
-    with MathGrader() as math:
+    try:
         for shard in sorted(folder.glob("*.parquet")):
             records = read_records(shard)
             regraded = []
             for record in records:
                 gold = problems[record.problem_id].gold
-                if task.grader == "code":
-                    verdict = grade_code(record.output, gold["tests"], gold["function"], thinking=thinking)
-                elif task.grader == "choice":
-                    verdict = grade_choice(record.output, gold["answer"], thinking=thinking)
-                else:
-                    verdict = math.grade(
-                        record.output, gold["answer"], kind=task.answer_kind, thinking=thinking
-                    )
+                verdict = grader.grade(record.output, gold, task, thinking=thinking)
                 changed += int(verdict.correct != record.correct)
                 regraded.append(
                     record.model_copy(
@@ -86,4 +80,6 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
                 )
                 samples += 1
             store.write(records[0].problem_id, regraded)
+    finally:
+        grader.close()
     return RegradeReport(folder.name, samples, changed)

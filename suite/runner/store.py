@@ -13,12 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
-from kvbench.bench.machine import describe_machine
 from kvbench.results.records import SAMPLE_SCHEMA, SampleRecord
-
-PACKAGES = ("torch", "transformers", "duckdb", "pyarrow", "numpy", "scipy", "pydantic")
 
 
 def problem_key(problem_id: str) -> str:
@@ -85,36 +79,6 @@ def _atomic_write(path: Path, write) -> None:
     finally:
         if os.path.exists(temp):
             os.unlink(temp)
-
-
-def git_state(where: Path) -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    sha = git("rev-parse", "HEAD")
-    return {"sha": sha, "dirty": bool(git("status", "--porcelain")) if sha else None}
-
-
-def provenance(device: str = "cpu") -> dict[str, Any]:
-    import kvbench
-
-    packages = {}
-    for name in PACKAGES:
-        try:
-            packages[name] = version(name)
-        except PackageNotFoundError:
-            packages[name] = None
-    return {
-        "kvbench": kvbench.__version__,
-        "git": git_state(Path(kvbench.__file__).resolve().parent),
-        "packages": packages,
-        "python": platform.python_version(),
-        "hardware": describe_machine(device),
-    }
 
 
 def shard_problem(path: Path) -> str | None:

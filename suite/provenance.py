@@ -1,12 +1,22 @@
-"""The machine a benchmark ran on, named with every number it reports."""
+"""Provenance: what every result records about where it came from, in one place.
+
+The machine (CPU, threads, torch's build, and for a GPU its name, count, capability, memory, cuDNN and
+driver), the library versions that decide outputs, Python, kvbench's version and its git commit. Runs'
+manifests, `kvbench check`'s reference and the benchmarks all take it from here.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
 
 import torch
+
+PACKAGES = ("torch", "transformers", "duckdb", "pyarrow", "numpy", "scipy", "pydantic")
 
 
 def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
@@ -55,3 +65,33 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def git_state(where: Path) -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    return {"sha": sha, "dirty": bool(git("status", "--porcelain")) if sha else None}
+
+
+def provenance(device: str = "cpu") -> dict[str, Any]:
+    import kvbench
+
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    return {
+        "kvbench": kvbench.__version__,
+        "git": git_state(Path(kvbench.__file__).resolve().parent),
+        "packages": packages,
+        "python": platform.python_version(),
+        "hardware": describe_machine(device),
+    }

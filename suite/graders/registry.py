@@ -1,0 +1,76 @@
+"""Graders by name: a task's ``grader:`` selects one. A grader owns the dataset columns it reads, how a
+problem's prompt and gold answer are built from a dataset row, and how an output is graded.
+
+The names and the columns each grader requires are listed here without importing the graders, so that
+loading a task spec never imports grading code (math-verify, the sandbox); :func:`make_grader` imports
+the one a run uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvbench.errors import UnknownNameError
+
+
+class Verdict(Protocol):
+    correct: bool
+    no_answer: bool
+    version: str
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def detail(self) -> str | None: ...
+
+
+class Grader(Protocol):
+    """What the runner asks of a grader (for the generating tasks; probes score themselves)."""
+
+    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
+        """The user prompt and the gold answer of one dataset row."""
+        ...
+
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> Verdict: ...
+
+    def close(self) -> None:
+        """Release what grading holds (worker processes)."""
+        ...
+
+
+@dataclass(frozen=True)
+class GraderEntry:
+    target: str
+    """module:class of the grader."""
+    fields: tuple[str, ...]
+    """The task's ``fields`` it needs set (dataset columns)."""
+    sandboxed: bool = False
+    """Grading runs model-written programs: refused without --allow-code-execution and a sandbox."""
+
+
+GRADERS = {
+    "math": GraderEntry("kvbench.graders.math:MathTaskGrader", ("answer",)),
+    "choice": GraderEntry("kvbench.graders.choice:ChoiceTaskGrader", ("correct", "incorrect")),
+    "code": GraderEntry("kvbench.graders.code:CodeTaskGrader", ("tests",), sandboxed=True),
+}
+PROBE = "probe"
+"""Not a grader: probe tasks are scored by teacher forcing (kvbench.runner.probe_units)."""
+
+
+def entry(name: str) -> GraderEntry:
+    if name not in GRADERS:
+        raise UnknownNameError("grader", name, [*GRADERS, PROBE])
+    return GRADERS[name]
+
+
+def sandboxed(grader: str) -> bool:
+    """Whether a task's grader runs model-written programs (``probe`` does not)."""
+    return grader != PROBE and entry(grader).sandboxed
+
+
+def make_grader(name: str) -> Grader:
+    module, _, attribute = entry(name).target.partition(":")
+    return getattr(importlib.import_module(module), attribute)()
