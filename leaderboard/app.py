@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from kvbench.leaderboard import charts, queries
-from kvbench.stats import DRAWS
+from kvbench.results.stats import DRAWS
 
 DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
 DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"

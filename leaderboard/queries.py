@@ -18,8 +18,8 @@ import duckdb
 import pandas as pd
 
 from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
-from kvbench.runner.summary import CellSummary, most_complete, summarize
-from kvbench.stats import Estimate, bootstrap_mean, pool
+from kvbench.results.stats import Estimate, bootstrap_mean, pool
+from kvbench.results.summary import CellSummary, most_complete, summarize
 
 
 @contextmanager

@@ -203,7 +203,7 @@ def test_a_correct_but_truncated_sample_is_correct_and_not_strict(tmp_path: Path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kvbench.runner.summary import summarize
+    from kvbench.results.summary import summarize
 
     data = run_gsm8k_snapkv(tmp_path, "--max-new-tokens", "8", "--limit", "1")
     (folder,) = (tmp_path / "runs" / "shards").iterdir()

@@ -41,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def check_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
     from kvbench.provenance import provenance
-    from kvbench.runner.check import (
+    from kvbench.results.check import (
         collect,
         compare_with_reference,
         environment_changes,

@@ -106,11 +106,11 @@ def _estimate(e, signed: bool = False) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvbench.results.report import as_dicts, build_report
+    from kvbench.results.stats import resolvable_difference
     from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
     from kvbench.runner.plan import RunRequest, plan
-    from kvbench.runner.report import as_dicts, build_report
-    from kvbench.stats import resolvable_difference
     from kvbench.suite_spec import load_suite
 
     started = time.perf_counter()
@@ -197,7 +197,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     suite = load_suite(args.suite)
     if suite.groups and not args.task:
-        from kvbench.runner.compare import Filters, compare
+        from kvbench.results.compare import Filters, compare
 
         pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
         for model in dict.fromkeys(r.model for r in rows):
@@ -245,7 +245,7 @@ def grade_command(args: argparse.Namespace) -> int:
 
 def compare_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
-    from kvbench.runner.compare import Filters, compare, render
+    from kvbench.results.compare import Filters, compare, render
 
     if not args.db.is_file():
         raise PrerequisiteError(
@@ -265,7 +265,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def print_comparison(rows: list[dict], title: str) -> None:
-    from kvbench.runner.compare import HEADER, display_cells
+    from kvbench.results.compare import HEADER, display_cells
 
     table = Table(title=title)
     for column in HEADER:

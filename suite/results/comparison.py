@@ -18,9 +18,16 @@ from typing import NamedTuple
 
 import duckdb
 
-from kvbench.runner.summary import CellSummary, most_complete
-from kvbench.stats import Estimate, PairedComparison, bootstrap_mean, compare_arms, paired_difference, pool
-from kvbench.stats import verdicts as holm_verdicts
+from kvbench.results.stats import (
+    Estimate,
+    PairedComparison,
+    bootstrap_mean,
+    compare_arms,
+    paired_difference,
+    pool,
+)
+from kvbench.results.stats import verdicts as holm_verdicts
+from kvbench.results.summary import CellSummary, most_complete
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 """A run's runtime as one label: arms are compared within one runtime, never across two."""

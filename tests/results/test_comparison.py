@@ -13,7 +13,7 @@ import pytest
 
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.queries import Compression
-from kvbench.runner.compare import Filters, compare
+from kvbench.results.compare import Filters, compare
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 POLICIES = ("snapkv", "h2o", "streaming")

@@ -12,7 +12,7 @@ from scipy.stats import binomtest
 
 from kvbench.bench.leaderboard import synthetic_store
 from kvbench.leaderboard import queries
-from kvbench.runner.compare import Filters, compare
+from kvbench.results.compare import Filters, compare
 
 PROBLEMS = 40
 # per problem p: the null scores p % 2; each policy's score as a SQL expression of p

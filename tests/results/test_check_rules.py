@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvbench.runner.check import CellResult, compare_with_reference, environment_changes
+from kvbench.results.check import CellResult, compare_with_reference, environment_changes
 
 EPSILON = 1e-9
 

@@ -36,9 +36,9 @@ from typing import Any, Literal
 import duckdb
 
 from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.results.stats import bootstrap_mean
+from kvbench.results.summary import summarize
 from kvbench.runner.plan import Cell
-from kvbench.runner.summary import summarize
-from kvbench.stats import bootstrap_mean
 
 FORMAT_VERSION = 2
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import duckdb
 
+from kvbench.results.summary import summarize
 from kvbench.runner.ingest import SCHEMA
-from kvbench.runner.summary import summarize
 
 # run, problem, sample, metric, correct, strict, finish, tokens, no_answer
 SAMPLES = [

@@ -19,7 +19,7 @@ import duckdb
 
 from kvbench.errors import SpecError
 from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
-from kvbench.runner.summary import CellSummary, summarize
+from kvbench.results.summary import CellSummary, summarize
 
 
 @dataclass(frozen=True)

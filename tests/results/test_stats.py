@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from kvbench.stats import bootstrap_mean, compare_arms, holm, pool, resolvable_difference, verdicts
+from kvbench.results.stats import bootstrap_mean, compare_arms, holm, pool, resolvable_difference, verdicts
 
 
 def test_bootstrap_ci_agrees_with_scipy() -> None:

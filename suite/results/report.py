@@ -10,9 +10,9 @@ from pathlib import Path
 import duckdb
 
 from kvbench.results.comparison import ArmResult, compare_table, stored_runs
+from kvbench.results.stats import Estimate, PairedComparison
+from kvbench.results.summary import summarize
 from kvbench.runner.plan import Cell
-from kvbench.runner.summary import summarize
-from kvbench.stats import Estimate, PairedComparison
 
 
 @dataclass(frozen=True)

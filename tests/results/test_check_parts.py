@@ -12,8 +12,7 @@ import pytest
 
 import kvbench
 from kvbench.errors import PrerequisiteError, SpecError
-from kvbench.results.records import SampleRecord
-from kvbench.runner.check import (
+from kvbench.results.check import (
     FORMAT_VERSION,
     CellResult,
     cell_key,
@@ -23,9 +22,10 @@ from kvbench.runner.check import (
     reference_path,
     write_reference,
 )
+from kvbench.results.records import SampleRecord
+from kvbench.results.stats import bootstrap_mean
 from kvbench.runner.plan import Cell, RunRequest, plan
 from kvbench.runner.store import ShardStore, problem_key
-from kvbench.stats import bootstrap_mean
 
 POLICY_DIR = Path(kvbench.__file__).resolve().parent.parent / "policies"
 

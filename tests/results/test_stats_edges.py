@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvbench.stats import (
+from kvbench.results.stats import (
     Estimate,
     PairedComparison,
     bootstrap_mean,
@@ -88,7 +88,7 @@ def test_the_power_note_matches_the_exact_two_sided_sign_test(problems: int) -> 
 def test_the_bootstrap_resamples_problems_with_replacement_as_drawn(monkeypatch, cap: int) -> None:
     import numpy as np
 
-    from kvbench import stats
+    from kvbench.results import stats
 
     monkeypatch.setattr(stats, "CACHED_RESAMPLES", cap)
     values = np.random.default_rng(11).random(37)
