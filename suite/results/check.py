@@ -119,11 +119,6 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             summary = summaries[cell.run_id]
             if not summary.samples:
                 raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
-            digest = hashlib.sha256()
-            for row in con.execute(_OUTPUTS, [cell.run_id]).fetchall():
-                metric = None if row[2] is None else round(row[2], 12)
-                measured = {k: v for k, v in zip(_MEASURED, row[10:], strict=True) if v is not None}
-                digest.update(repr((*row[:2], metric, *row[3:9], _measurements(row[9], measured))).encode())
             score = bootstrap_mean(list(summary.scores.values()))
             results.append(
                 CellResult(
@@ -133,13 +128,23 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
                     score.low,
                     score.high,
                     summary.scores,
-                    digest.hexdigest()[:16],
+                    outputs_digest(con, cell.run_id),
                     code_hash(cell),
                 )
             )
         return results
     finally:
         con.close()
+
+
+def outputs_digest(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
+    """sha256 (16 hex digits) over a run's samples: what `kvbench check` compares with its reference."""
+    digest = hashlib.sha256()
+    for row in con.execute(_OUTPUTS, [run_id]).fetchall():
+        metric = None if row[2] is None else round(row[2], 12)
+        measured = {k: v for k, v in zip(_MEASURED, row[10:], strict=True) if v is not None}
+        digest.update(repr((*row[:2], metric, *row[3:9], _measurements(row[9], measured))).encode())
+    return digest.hexdigest()[:16]
 
 
 def _measurements(secondary: str | None, measured: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ with every value kept."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import pydantic
 import pytest
 
 from kvbench.results import records
+from kvbench.results.check import outputs_digest
 from kvbench.results.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
 from kvbench.runner.ingest import SCHEMA
 
@@ -94,12 +96,33 @@ def new_values(database: Path) -> list[tuple[Any, ...]]:
     return [(*head, json.loads(secondary)) for *head, secondary in rows]
 
 
+def v4_digest(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
+    """The outputs digest as kvbench computed it on schema 4, every measurement inside `secondary`."""
+    digest = hashlib.sha256()
+    rows = con.execute(
+        "SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, "
+        "evictions, output, secondary FROM samples WHERE run_id = ? ORDER BY problem_id, sample",
+        [run_id],
+    ).fetchall()
+    for row in rows:
+        metric = None if row[2] is None else round(row[2], 12)
+        values = json.loads(row[-1] or "{}")
+        kept = {
+            k: round(v, 9) if isinstance(v, float) else v
+            for k, v in values.items()
+            if not k.endswith("seconds")
+        }
+        digest.update(repr((*row[:2], metric, *row[3:-1], json.dumps(kept, sort_keys=True))).encode())
+    return digest.hexdigest()[:16]
+
+
 @pytest.mark.slow
 def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     shutil.copytree(V4 / "shards", runs / "shards")
     with gzip.open(V4 / "kvbench.duckdb.gz") as packed, open(runs / "kvbench.duckdb", "wb") as database:
         shutil.copyfileobj(packed, database)
+    shutil.copyfile(runs / "kvbench.duckdb", tmp_path / "v4.duckdb")
     expected = old_values(runs / "kvbench.duckdb")
     assert len(expected) == 24 and any(row[11] is not None for row in expected)  # generated rows too
 
@@ -117,6 +140,14 @@ def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) ->
     assert con.execute("SELECT count(*) FROM runs").fetchone() == (9,)
     assert con.execute("SELECT count(*) FROM runs WHERE policy_doc IS NULL").fetchone() == (9,)
     con.close()
+    # `kvbench check` digests the rebuilt rows exactly as it digested them before the columns existed, so
+    # that committed references stay comparable (schema 4's algorithm, written out here on the old file)
+    old = duckdb.connect(str(tmp_path / "v4.duckdb"), read_only=True)
+    new = duckdb.connect(str(runs / "kvbench.duckdb"), read_only=True)
+    run_ids = [r for (r,) in new.execute("SELECT run_id FROM runs ORDER BY 1").fetchall()]
+    assert [outputs_digest(new, r) for r in run_ids] == [v4_digest(old, r) for r in run_ids]
+    old.close()
+    new.close()
     # the rebuilt store reads like a new one: compare pairs its arms
     compared = subprocess.run(
         [KVBENCH, "compare", "--format", "json"], capture_output=True, text=True, cwd=tmp_path
