@@ -20,7 +20,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvbench.errors import PrerequisiteError
 from kvbench.results.records import (
@@ -31,7 +30,7 @@ from kvbench.results.records import (
     arrow_schema,
     table_ddl,
 )
-from kvbench.runner.store import read_manifest, shard_problem, upgrade
+from kvbench.runner.store import read_manifest, read_shard
 
 DATABASE = "kvbench.duckdb"
 SNAPSHOT = "kvbench.snapshot.duckdb"
@@ -101,14 +100,18 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
             )
 
 
-def _unreadable(manifests: dict[Path, dict | None], shards: list[Path]) -> list[str]:
-    """Every manifest and new shard that does not read back, each with why."""
+def _read_all(manifests: dict[Path, dict | None], shards: list[Path]) -> tuple[list[pa.Table], list[str]]:
+    """The new shards' rows (each file read once), and every manifest and shard that does not read back,
+    each with why."""
     bad = [f"{path}: not a JSON manifest with a resolved spec" for path, m in manifests.items() if m is None]
+    tables = []
     for path in shards:
-        problem = shard_problem(path)
-        if problem is not None:
-            bad.append(f"{path}: {problem}")
-    return bad
+        read = read_shard(path)
+        if isinstance(read, str):
+            bad.append(f"{path}: {read}")
+        else:
+            tables.append(read)
+    return tables, bad
 
 
 def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
@@ -140,7 +143,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
             seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
             new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
             read = {path: read_manifest(path) for path in manifests}  # each manifest is read once
-            bad = _unreadable(read, new)
+            tables, bad = _read_all(read, new)
             if bad:
                 raise PrerequisiteError(
                     f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "
@@ -156,7 +159,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
             if new:
                 # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
                 # an older schema is upgraded as it is read
-                con.register("new_samples", pa.concat_tables([upgrade(pq.read_table(f)) for f in new]))
+                con.register("new_samples", pa.concat_tables(tables))
                 con.execute("INSERT OR REPLACE INTO samples BY NAME SELECT * FROM new_samples")
                 con.executemany(
                     "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",

@@ -81,8 +81,8 @@ def _atomic_write(path: Path, write) -> None:
             os.unlink(temp)
 
 
-def shard_problem(path: Path) -> str | None:
-    """Why a shard cannot be used, or None when it reads back whole with the samples schema."""
+def read_shard(path: Path) -> pa.Table | str:
+    """A shard's rows in the current schema, or why it cannot be used."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
@@ -90,13 +90,18 @@ def shard_problem(path: Path) -> str | None:
     missing = [name for name in _REQUIRED if name not in table.column_names]
     if missing:
         return f"lacks the columns {', '.join(missing)}"
-    try:
-        upgrade(table)
-    except (pa.ArrowException, pydantic.ValidationError, json.JSONDecodeError, TypeError) as exc:
-        return f"does not hold samples of a known schema ({str(exc).splitlines()[0]})"
     if table.num_rows == 0:
         return "holds no sample"
-    return None
+    try:
+        return upgrade(table)
+    except (pa.ArrowException, pydantic.ValidationError, json.JSONDecodeError, TypeError) as exc:
+        return f"does not hold samples of a known schema ({str(exc).splitlines()[0]})"
+
+
+def shard_problem(path: Path) -> str | None:
+    """Why a shard cannot be used, or None when it reads back whole with the samples schema."""
+    read = read_shard(path)
+    return read if isinstance(read, str) else None
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
