@@ -55,16 +55,18 @@ leaderboard: venv
 # verdicts, against their fast tests; `mutmut results` lists the survivors, `mutmut show ID` one of them.
 MUTATED := suite/results/stats.py,suite/results/check.py,suite/results/comparison.py,suite/results/summary.py
 MUTANT_TESTS := tests/results/test_stats.py tests/results/test_stats_edges.py tests/results/test_verdicts.py tests/results/test_check_rules.py tests/results/test_check_parts.py \
-	tests/results/test_summary.py tests/results/test_records.py tests/leaderboard/test_queries.py
+	tests/results/test_summary.py tests/results/test_records.py tests/results/test_comparison_builder.py tests/leaderboard/test_queries.py
 mutants: venv
 	test -x .mutmut-venv/bin/mutmut || ($(PYTHON) -m venv .mutmut-venv && .mutmut-venv/bin/pip install -q mutmut==2.5.1)
 	-.mutmut-venv/bin/mutmut run --paths-to-mutate $(MUTATED) --no-progress \
 		--runner "$(abspath $(BIN))/python -m pytest -x -q -p no:cacheprovider $(MUTANT_TESTS)"
 	.mutmut-venv/bin/mutmut results
 
+# mypy over the package as Python imports it (tools/typecheck.py lays out pyproject's package-dir mapping).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/typecheck.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -17,10 +17,10 @@ from typing import Any, Literal, Protocol
 
 from torch import Tensor
 
-from kvbench.contract import ModelFacts, Need, Policy
-from kvbench.engine import PinnedSlots
+from kvbench.core.contract import ModelFacts, Need, Policy
+from kvbench.core.engine import PinnedSlots
+from kvbench.core.schedule import ProtectedPrefix, Schedule
 from kvbench.errors import UnknownNameError
-from kvbench.schedule import ProtectedPrefix, Schedule
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,12 @@ class TeacherForced:
     eviction_events: int
     eviction_seconds: float
     peak_kv_bytes: int
+
+    def against_full(self) -> tuple[Tensor, Tensor]:
+        """(kl_to_full, top1_agrees_with_full), which only a teacher-forced pass with a reference has."""
+        if self.kl_to_full is None or self.top1_agrees_with_full is None:
+            raise ValueError("this teacher-forced pass ran without the full cache's reference")
+        return self.kl_to_full, self.top1_agrees_with_full
 
 
 class Backend(Protocol):

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kvbench.contract import ModelFacts, Policy
-from kvbench.engine import Evictor, LayerKV, PinnedSlots
-from kvbench.rope import apply_rope, rope_inv_freq
-from kvbench.schedule import Schedule
-from kvbench.seeding import generator, stable_seed
+from kvbench.core.contract import ModelFacts, Policy
+from kvbench.core.engine import Evictor, LayerKV, PinnedSlots
+from kvbench.core.rope import apply_rope, rope_inv_freq
+from kvbench.core.schedule import Schedule
+from kvbench.core.seeding import generator, stable_seed
 
 
 def synthetic_model(layers: int = 2, q_heads: int = 8, kv_heads: int = 2, head_dim: int = 16) -> ModelFacts:

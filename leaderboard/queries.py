@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import pandas as pd
@@ -38,7 +39,7 @@ def has_results(database: Path) -> bool:
         tables = {
             row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
         }
-        return "runs" in tables and con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+        return "runs" in tables and con.execute("SELECT count(*) FROM runs").fetchall()[0][0] > 0
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,19 @@ ORDER BY created, run_id
 """
 
 
+class _CurveRun(NamedTuple):
+    run_id: str
+    task: str
+    policy: str
+    params: str
+    role: str
+    ratio: float | None
+
+    @property
+    def arm_at_ratio(self) -> tuple[str, str, str, str, float | None]:
+        return self.task, self.policy, self.params, self.role, self.ratio
+
+
 def budget_curves(
     database: Path,
     model: str,
@@ -243,16 +257,18 @@ def budget_curves(
     """
     with connect(database) as con:
         runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-        rows = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, task, task]).fetchall()
-        summaries = summarize(con, [r[0] for r in rows])
-    rows = most_complete(rows, summaries, key=lambda r: r[1:])
-    swept = {r[1] for r in rows if r[5] is not None}
+        found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, task, task]).fetchall()
+        runs = [_CurveRun(*row) for row in found]
+        summaries = summarize(con, [r.run_id for r in runs])
+    runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
+    swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}
-    groups: dict[tuple, dict[str, dict]] = {}
-    for run_id, task_name, policy, params, role, ratio in rows:
-        if task_name in swept:  # the full cache's line pools the same tasks as the curves
-            settings.setdefault(policy, set()).add(params)
-            groups.setdefault((policy, params, role, ratio), {})[task_name] = summaries[run_id].scores
+    groups: dict[tuple[str, str, str, float | None], dict[str, dict[str, float]]] = {}
+    for run in runs:
+        if run.task in swept:  # the full cache's line pools the same tasks as the curves
+            settings.setdefault(run.policy, set()).add(run.params)
+            arm = (run.policy, run.params, run.role, run.ratio)
+            groups.setdefault(arm, {})[run.task] = summaries[run.run_id].scores
     records = []
     for (policy, params, role, ratio), by_task in sorted(
         groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)

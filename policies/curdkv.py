@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import gaussian_projection, leverage
 
 

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, Policy, policy
 
 
 @policy("full")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.contract import EvictionView, Policy, StepView, policy
+from kvbench.core.contract import EvictionView, Policy, StepView, policy
 
 
 @policy("h2o", needs={"step_attention"})

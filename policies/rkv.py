@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import key_redundancy, window_attention
 
 

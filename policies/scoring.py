@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvbench.contract import EvictionView
+from kvbench.core.contract import EvictionView
 
 Pool = Literal["avg5", "max7", "none"]
 GroupReduce = Literal["mean", "max"]

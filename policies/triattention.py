@@ -27,8 +27,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from kvbench.calibration import QueryStats, complex_bands
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.calibration import QueryStats, complex_bands
+from kvbench.core.contract import EvictionView, Policy, policy
 
 
 @policy("triattention", needs={"rope", "calibration"})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, Policy, policy
 from kvbench.policies.scoring import gumbel_topk, value_range, window_attention
 
 

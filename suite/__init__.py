@@ -13,12 +13,12 @@ __version__ = "0.1.0"
 __all__ = ["EvictionView", "LayerState", "ModelFacts", "Policy", "StepView", "__version__", "policy"]
 
 if TYPE_CHECKING:
-    from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy, StepView, policy
+    from kvbench.core.contract import EvictionView, LayerState, ModelFacts, Policy, StepView, policy
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__ and name != "__version__":
-        from kvbench import contract
+        from kvbench.core import contract
 
         return getattr(contract, name)
     raise AttributeError(f"module 'kvbench' has no attribute {name!r}")

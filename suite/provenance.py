@@ -82,7 +82,7 @@ def git_state(where: Path) -> dict[str, Any]:
 def provenance(device: str = "cpu") -> dict[str, Any]:
     import kvbench
 
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             packages[name] = version(name)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from kvbench.contract import Policy, is_policy_class
+from kvbench.core.contract import Policy, is_policy_class
 from kvbench.errors import SpecError, UnknownPolicyError
 
 ENTRY_POINT_GROUP = "kvbench.policies"
@@ -157,7 +157,7 @@ def make_policy(text: str, **params: Any) -> Policy:
     try:
         return ref.cls(**merged)
     except pydantic.ValidationError as exc:
-        fields = ", ".join(f.name for f in ref.cls.__dataclass_fields__.values()) or "none"
+        fields = ", ".join(getattr(ref.cls, "__dataclass_fields__", {})) or "none"
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}" for err in exc.errors()
         )

@@ -6,10 +6,10 @@ import torch
 from torch import Tensor
 
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
-from kvbench.calibration import QueryStats
-from kvbench.contract import EvictionView, LayerState, ModelFacts, Policy
-from kvbench.rope import apply_rope
-from kvbench.seeding import eviction_seed, generator
+from kvbench.core.calibration import QueryStats
+from kvbench.core.contract import EvictionView, LayerState, ModelFacts, Policy
+from kvbench.core.rope import apply_rope
+from kvbench.core.seeding import eviction_seed, generator
 
 ROW_SEEDS = (11, 22, 33, 44)
 
@@ -81,7 +81,7 @@ def random_view(
         model=model,
         state=state if state is not None else LayerState(),
         rngs=tuple(generator(eviction_seed(s, layer, event)) for s in seeds),
-        queries=queries if "queries" in policy.needs else None,
+        recent_queries=queries if "queries" in policy.needs else None,
         calibration=make_calibration(model) if "calibration" in policy.needs else None,
     )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.calibration import QueryStats, default_path
+from kvbench.core.calibration import QueryStats, default_path
 from kvbench.errors import PrerequisiteError
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
+from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy
-from kvbench.schedule import Schedule
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kvbench.adapters.synthetic import synthetic_model
+from kvbench.core.schedule import Schedule
+from kvbench.core.seeding import stable_seed
 from kvbench.registry import known_policies, make_policy
-from kvbench.schedule import Schedule
-from kvbench.seeding import stable_seed
 from support import RecordingBackend, make_calibration
 
 EVICTING = [name for name, cls in known_policies().items() if cls.evicts]
@@ -147,7 +147,7 @@ def test_rows_leaving_the_batch_keep_their_draws() -> None:
 
 def test_pinned_slots_are_kept_in_exactly_the_pinned_heads() -> None:
     """The planted-fact ablation: a needle protected in h of the KV heads, free to go in the others."""
-    from kvbench.engine import PinnedSlots
+    from kvbench.core.engine import PinnedSlots
 
     model = synthetic_model(layers=2, q_heads=8, kv_heads=4, head_dim=8)
     needle = torch.tensor([10, 11, 12])
@@ -170,9 +170,9 @@ def test_pinned_slots_are_kept_in_exactly_the_pinned_heads() -> None:
 def test_layer_reduce_mean_keeps_the_top_k_of_the_mean_of_the_layers_scores() -> None:
     """Each layer scores differently; the shared keep-set must be the top K − B of their mean, which here
     is neither layer 0's nor any other single layer's top K − B."""
-    from kvbench.contract import EvictionView, Policy, policy
-    from kvbench.engine import Evictor
-    from kvbench.layer_kv import LayerKV
+    from kvbench.core.contract import EvictionView, Policy, policy
+    from kvbench.core.engine import Evictor
+    from kvbench.core.layer_kv import LayerKV
 
     @policy("layer-dependent")
     class LayerDependent(Policy):

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
-from kvbench.contract import EvictionView, Policy, policy
-from kvbench.engine import Evictor, LayerKV
+from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.schedule import Schedule
 from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
 
 
 def _scorer(name: str, make):

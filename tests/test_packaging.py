@@ -25,7 +25,8 @@ def test_wheel_maps_the_design_folders_into_one_package(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("kvbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in (
-        "kvbench/engine.py",
+        "kvbench/core/engine.py",
+        "kvbench/specs/loading.py",
         "kvbench/policies/rkv.py",
         "kvbench/policies/scoring.py",
         "kvbench/adapters/synthetic.py",

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from kvbench.task_data import load_problems
-from kvbench.task_spec import load_task
+from kvbench.specs.task import load_task
+from kvbench.specs.task_data import load_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HUB = {

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
+from kvbench.core.schedule import Schedule
+from kvbench.core.seeding import eviction_seed, sample_seed, stable_seed
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
-from kvbench.seeding import eviction_seed, sample_seed, stable_seed
 
 
 @pytest.mark.parametrize(("budget", "buffer"), [(32, 8), (33, 8), (2048, 64), (10, 1), (100, 99)])
@@ -44,7 +44,7 @@ def test_score_order_keeps_candidates_by_descending_score() -> None:
 
 
 def test_seeds_are_stable_across_processes_and_hash_salts() -> None:
-    code = "from kvbench.seeding import sample_seed; print(sample_seed(1, 'passkey', 'p7', 3))"
+    code = "from kvbench.core.seeding import sample_seed; print(sample_seed(1, 'passkey', 'p7', 3))"
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import SpecError
-from kvbench.model_spec import load_model_spec, model_names
+from kvbench.specs.model import load_model_spec, model_names
 
 GOOD = (
     "spec_version: 1\nname: m\ndescription: d\nfamily: qwen3\ndtype: bfloat16\n"

@@ -11,15 +11,15 @@ import pytest
 
 from kvbench.cli import main
 from kvbench.errors import SpecError, UnknownNameError
-from kvbench.model_spec import load_model_spec
-from kvbench.protocol_spec import load_protocol
 from kvbench.registry import make_policy
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.specs import SPEC_ROOT
-from kvbench.suite_spec import load_suite
-from kvbench.task_data import load_problems
-from kvbench.task_spec import load_task
-from kvbench.validate import validate_paths
+from kvbench.specs.loading import SPEC_ROOT
+from kvbench.specs.model import load_model_spec
+from kvbench.specs.protocol import load_protocol
+from kvbench.specs.suite import load_suite
+from kvbench.specs.task import load_task
+from kvbench.specs.task_data import load_problems
+from kvbench.specs.validate import validate_paths
 
 HUB = Path(__file__).resolve().parent / "fixtures" / "hub"
 TINY = ("tiny-qwen3",)

@@ -18,11 +18,11 @@ from torch import Tensor
 
 from kvbench.adapters.base import Capabilities, Generation, Sample, Sampling, TeacherForced
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
-from kvbench.contract import Policy
-from kvbench.engine import PinnedSlots
+from kvbench.core.contract import Policy
+from kvbench.core.engine import PinnedSlots
+from kvbench.core.schedule import Schedule
+from kvbench.core.seeding import generator
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
-from kvbench.seeding import generator
 
 VOCABULARY = 256
 SHARPNESS = 8.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,7 +20,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, flash_attention_mask, sdpa_mask
 
 INNER = ("sdpa", "eager", "flash_attention_2")
-_MASKS = {"sdpa": sdpa_mask, "eager": eager_mask, "flash_attention_2": flash_attention_mask}
+_MASKS: dict[str, Callable[..., Any]] = {
+    "sdpa": sdpa_mask,
+    "eager": eager_mask,
+    "flash_attention_2": flash_attention_mask,
+}
 
 
 def kvbench_attention_name(inner: str) -> str:

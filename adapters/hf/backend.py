@@ -8,9 +8,9 @@ from typing import Any
 
 from kvbench.adapters.base import Capabilities, Generation, Sampling, TeacherForced
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.contract import NEEDS, ModelFacts, Policy
-from kvbench.engine import PinnedSlots
-from kvbench.schedule import Schedule
+from kvbench.core.contract import NEEDS, ModelFacts, Policy
+from kvbench.core.engine import PinnedSlots
+from kvbench.core.schedule import Schedule
 
 
 class HFBackend:

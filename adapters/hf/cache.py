@@ -10,17 +10,17 @@ full-cache outputs to catch it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.contract import Policy
-from kvbench.engine import Evictor, PinnedSlots
+from kvbench.core.contract import Policy
+from kvbench.core.engine import Evictor, PinnedSlots
+from kvbench.core.layer_kv import LayerKV
+from kvbench.core.schedule import Schedule
 from kvbench.errors import BudgetError, CapabilityError
-from kvbench.layer_kv import LayerKV
-from kvbench.schedule import Schedule
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -48,9 +48,16 @@ class EvictingLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         batch, heads, count, _ = key_states.shape
         positions = torch.arange(self.seen, self.seen + count, device=key_states.device)
-        self.kv.append(key_states, value_states, positions.expand(batch, heads, count))
+        self.slots.append(key_states, value_states, positions.expand(batch, heads, count))
         self.seen += count
-        return self.kv.keys, self.kv.values
+        return self.slots.keys, self.slots.values
+
+    @property
+    def slots(self) -> LayerKV:
+        """The layer's slots, created by its first update."""
+        if self.kv is None:
+            raise RuntimeError("a cache layer has no slots before its first update")
+        return self.kv
 
     @property
     def stored(self) -> int:
@@ -82,6 +89,11 @@ class EvictingCache(Cache):
         self.observes_attention = "step_attention" in evictor.policy.needs
         self.peak_bytes = 0
 
+    @property
+    def evicting_layers(self) -> list[EvictingLayer]:
+        """``layers``, as the class that built them (transformers types them as its base class)."""
+        return cast(list[EvictingLayer], self.layers)
+
     # -- called from the attention functions ------------------------------------------------------
     def record_queries(self, layer: int, query: Tensor) -> None:
         """Keep the layer's last W post-RoPE queries [B, Hq, W, D]."""
@@ -92,23 +104,23 @@ class EvictingCache(Cache):
         self.queries[layer] = recent[:, :, -self.query_window :]
 
     def observe_attention(self, layer: int, probs: Tensor) -> None:
-        kv = self.layers[layer].kv
-        self.evictor.observe(layer, kv, probs, self.layers[layer].seen)
+        kv = self.evicting_layers[layer].slots
+        self.evictor.observe(layer, kv, probs, self.evicting_layers[layer].seen)
 
     # -- called by the decode loop ----------------------------------------------------------------
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].stored
+        return self.evicting_layers[layer_idx].stored
 
     @property
     def seen(self) -> int:
-        return self.layers[0].seen
+        return self.evicting_layers[0].seen
 
     @property
     def stored(self) -> int:
-        return self.layers[0].stored
+        return self.evicting_layers[0].stored
 
     def kv_bytes(self) -> int:
-        return sum(layer.kv.nbytes for layer in self.layers if layer.kv is not None)
+        return sum(layer.kv.nbytes for layer in self.evicting_layers if layer.kv is not None)
 
     def evict_if_due(self) -> bool:
         """Run one eviction event on every layer if the schedule says so; track peak KV memory."""
@@ -116,9 +128,9 @@ class EvictingCache(Cache):
         if not self.evictor.due(self.stored):
             return False
         compacted = self.evictor.evict(
-            [layer.kv for layer in self.layers], step=self.seen, queries=self.queries
+            [layer.slots for layer in self.evicting_layers], step=self.seen, queries=self.queries
         )
-        for layer, kv in zip(self.layers, compacted, strict=True):
+        for layer, kv in zip(self.evicting_layers, compacted, strict=True):
             layer.kv = kv
         return True
 
@@ -135,9 +147,9 @@ class EvictingCache(Cache):
         self.select_rows(indices.tolist())
 
     def _take_rows(self, rows: Sequence[int]) -> None:
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.layers[0].kv.keys.device)
-        for layer in self.layers:
-            layer.kv.select_rows(index)
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.evicting_layers[0].slots.keys.device)
+        for layer in self.evicting_layers:
+            layer.slots.select_rows(index)
         self.queries = [q.index_select(0, index) if q is not None else None for q in self.queries]
 
 

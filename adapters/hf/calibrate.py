@@ -15,10 +15,10 @@ import torch
 
 from kvbench.adapters.hf.cache import make_cache
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.calibration import QueryStats
+from kvbench.core.calibration import QueryStats
+from kvbench.core.rope import unrotate
+from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
-from kvbench.rope import unrotate
-from kvbench.schedule import Schedule
 
 BUILTIN_CORPUS = "kvbench:data/calibration.txt"
 
@@ -58,5 +58,8 @@ def calibrate(
             logits_to_keep=1,
         )
     positions = torch.arange(len(ids), device=loaded.device)
-    pre_rope = [unrotate(q[0], positions, loaded.facts.rope_inv_freq) for q in cache.queries]
+    recorded = [q for q in cache.queries if q is not None]
+    if len(recorded) != len(cache.queries):
+        raise RuntimeError(f"calibration recorded queries on {len(recorded)} of {len(cache.queries)} layers")
+    pre_rope = [unrotate(q[0], positions, loaded.facts.rope_inv_freq) for q in recorded]
     return QueryStats.from_queries(loaded.spec.name, name, pre_rope)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -23,9 +23,9 @@ from transformers.generation.logits_process import (
 from kvbench.adapters.base import GREEDY, Generation, Sample, Sampling
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.contract import Policy
-from kvbench.schedule import Schedule
-from kvbench.seeding import generator
+from kvbench.core.contract import Policy
+from kvbench.core.schedule import Schedule
+from kvbench.core.seeding import generator
 
 
 def processors(sampling: Sampling) -> LogitsProcessorList:
@@ -44,7 +44,7 @@ def sample_next(logits: Tensor, sampling: Sampling, generators: Sequence[torch.G
     """One next token per row: greedy, or sampled with each row's own generator."""
     if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
-    scores = processors(sampling)(None, logits.float())
+    scores = processors(sampling)(None, logits.float())  # type: ignore[arg-type]  # warpers never read ids
     probs = scores.softmax(dim=-1)
     return torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
 
@@ -87,21 +87,7 @@ def generate(
     stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
     generators = [generator(seed, device) for seed in sample_seeds]
 
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    logits = (
-        model(
-            input_ids=prompt,
-            position_ids=torch.arange(prompt_len, device=device)[None],
-            cache=cache,
-            kvbench_cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        .logits[:, -1]
-        .expand(k, -1)
-    )
-    cache.repeat_prompt_row(k)
-    cache.evict_if_due()
+    logits = _prefill(model, cache, prompt_ids, k, device)
 
     rows = list(range(k))  # original sample index of each live batch row
     tokens: list[list[int]] = [[] for _ in range(k)]
@@ -117,7 +103,7 @@ def generate(
         keep = [i for i, done in enumerate(stopped.tolist()) if not (done or last)]
         for i, row in enumerate(rows):
             if i not in keep:
-                reason = "stop" if bool(stopped[i]) else "length"
+                reason: Literal["stop", "length"] = "stop" if bool(stopped[i]) else "length"
                 finished[row] = Sample(tokens[row], "", reason, cache.evictor.stats.events)
         if not keep:
             break
@@ -125,15 +111,7 @@ def generate(
             cache.select_rows(keep)
             rows = [rows[i] for i in keep]
             next_tokens = next_tokens[keep]
-        position = torch.full((len(rows), 1), cache.seen, device=device)
-        logits = model(
-            input_ids=next_tokens[:, None],
-            position_ids=position,
-            cache=cache,
-            kvbench_cache=cache,
-            use_cache=True,
-        ).logits[:, -1]
-        cache.evict_if_due()
+        logits = _decode_step(model, cache, next_tokens)
         if on_step is not None:
             on_step(cache)
         if bar is not None:
@@ -154,6 +132,38 @@ def generate(
         protected=cache.evictor.stats.protected,
         settings={"sampling": sampling, "max_new_tokens": max_new_tokens, "ignore_stop": ignore_stop},
     )
+
+
+def _prefill(
+    model: Any, cache: EvictingCache, prompt_ids: Sequence[int], samples: int, device: torch.device
+) -> Tensor:
+    """One forward over the prompt, its slots then copied to each sample's row; the next-token logits."""
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    logits = model(
+        input_ids=prompt,
+        position_ids=torch.arange(len(prompt_ids), device=device)[None],
+        cache=cache,
+        kvbench_cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    cache.repeat_prompt_row(samples)
+    cache.evict_if_due()
+    return logits.expand(samples, -1)
+
+
+def _decode_step(model: Any, cache: EvictingCache, tokens: Tensor) -> Tensor:
+    """One forward of each live row's new token at the next position, then the eviction check."""
+    position = torch.full((len(tokens), 1), cache.seen, device=tokens.device)
+    logits = model(
+        input_ids=tokens[:, None],
+        position_ids=position,
+        cache=cache,
+        kvbench_cache=cache,
+        use_cache=True,
+    ).logits[:, -1]
+    cache.evict_if_due()
+    return logits
 
 
 def _progress(enabled: bool, total: int):

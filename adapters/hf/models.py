@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import transformers
 
-from kvbench.contract import ModelFacts
+from kvbench.core.contract import ModelFacts
 from kvbench.errors import CapabilityError, PrerequisiteError
-from kvbench.model_spec import GgufPackage, HubCheckpoint, ModelSpec, RandomQwen3, load_model_spec
+from kvbench.specs.model import GgufPackage, HubCheckpoint, ModelSpec, RandomQwen3, load_model_spec
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 """Decoder-only models whose attention takes post-RoPE keys from the cache, one KV tensor per layer."""
@@ -84,16 +84,16 @@ def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention:
     dtype = getattr(torch, spec.dtype)
     source = spec.source
     if isinstance(source, GgufPackage):
-        model, tokenizer, provenance = _from_gguf_package(spec, source, dtype)
+        network, tokenizer, provenance = _from_gguf_package(spec, source, dtype)
     elif isinstance(source, HubCheckpoint):
-        model, tokenizer, provenance = _from_hub(spec, source, dtype)
+        network, tokenizer, provenance = _from_hub(spec, source, dtype)
     else:
-        model, tokenizer, provenance = _random_qwen3(source, dtype)
-    check_supported(spec.name, model.config)
-    model = model.to(device).eval()
-    model.set_attn_implementation(kvbench_attention_name(attention))
+        network, tokenizer, provenance = _random_qwen3(source, dtype)
+    check_supported(spec.name, network.config)
+    network = network.to(device).eval()
+    network.set_attn_implementation(kvbench_attention_name(attention))
     provenance["transformers"] = transformers.__version__
-    return LoadedModel(spec, model, tokenizer, model_facts(spec.name, model), provenance)
+    return LoadedModel(spec, network, tokenizer, model_facts(spec.name, network), provenance)
 
 
 def check_supported(name: str, config: Any) -> None:
@@ -113,14 +113,14 @@ def check_supported(name: str, config: Any) -> None:
 def model_facts(name: str, model: Any) -> ModelFacts:
     config = model.config
     heads = config.num_attention_heads
-    rotary = getattr(model.model, "rotary_emb", None)
+    rotary = model.model.rotary_emb  # every supported model type has RoPE
     return ModelFacts(
         name=name,
         num_layers=config.num_hidden_layers,
         num_q_heads=heads,
         num_kv_heads=config.num_key_value_heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        rope_inv_freq=rotary.inv_freq.detach().float().cpu() if rotary is not None else None,
+        rope_inv_freq=rotary.inv_freq.detach().float().cpu(),
     )
 
 
@@ -132,7 +132,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _from_gguf_package(spec: ModelSpec, source: GgufPackage, dtype: torch.dtype):
+def _from_gguf_package(
+    spec: ModelSpec, source: GgufPackage, dtype: torch.dtype
+) -> tuple[Any, Any, dict[str, str]]:
     """Dequantise the GGUF once into a transformers checkpoint in the cache (later loads: 0.3 s, not 13 s)."""
     found = importlib.util.find_spec(
         source.package
@@ -179,7 +181,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # another process finished first; its copy is identical
 
 
-def _from_hub(spec: ModelSpec, source: HubCheckpoint, dtype: torch.dtype):
+def _from_hub(spec: ModelSpec, source: HubCheckpoint, dtype: torch.dtype) -> tuple[Any, Any, dict[str, str]]:
     local = Path(source.repo).expanduser()
     where = {"pretrained_model_name_or_path": str(local) if local.is_dir() else source.repo}
     if not local.is_dir():
@@ -200,7 +202,7 @@ def _from_hub(spec: ModelSpec, source: HubCheckpoint, dtype: torch.dtype):
     )
 
 
-def _random_qwen3(source: RandomQwen3, dtype: torch.dtype):
+def _random_qwen3(source: RandomQwen3, dtype: torch.dtype) -> tuple[Any, Any, dict[str, str]]:
     from kvbench.adapters.hf.byte_tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
@@ -222,5 +224,5 @@ def _random_qwen3(source: RandomQwen3, dtype: torch.dtype):
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(source.seed)
-        model = transformers.Qwen3ForCausalLM(config).to(dtype)
-    return model, tokenizer, {"random_seed": str(source.seed)}
+        network: Any = transformers.Qwen3ForCausalLM(config)
+    return network.to(dtype), tokenizer, {"random_seed": str(source.seed)}

@@ -17,10 +17,10 @@ from torch import Tensor
 from kvbench.adapters.base import TeacherForced
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.contract import Policy
-from kvbench.engine import PinnedSlots
+from kvbench.core.contract import Policy
+from kvbench.core.engine import PinnedSlots
+from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
 
 
 class _Stream:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from kvbench.adapters.hf.calibrate import calibrate
 from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import load_model
+from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
 
 PROMPT = "Think step by step and explain, in detail, how to check whether a large number is prime."
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 from torch.utils.benchmark import Timer
 
-from kvbench.calibration import QueryStats
-from kvbench.contract import ModelFacts
-from kvbench.engine import Evictor, LayerKV
+from kvbench.core.calibration import QueryStats
+from kvbench.core.contract import ModelFacts
+from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.rope import apply_rope, rope_inv_freq
+from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy
-from kvbench.rope import apply_rope, rope_inv_freq
-from kvbench.schedule import Schedule
 
 
 @dataclass(frozen=True)

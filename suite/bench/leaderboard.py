@@ -52,7 +52,7 @@ def synthetic_store(
                 con.execute(_SAMPLES, values | {"problems": problems, "samples": samples})
         con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
         con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
-        return con.execute("SELECT count(*) FROM samples").fetchone()[0]
+        return con.execute("SELECT count(*) FROM samples").fetchall()[0][0]
     finally:
         con.close()
 

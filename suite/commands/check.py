@@ -52,7 +52,7 @@ def check_command(args: argparse.Namespace) -> int:
     from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
     from kvbench.runner.plan import RunRequest, plan
-    from kvbench.suite_spec import load_suite
+    from kvbench.specs.suite import load_suite
 
     suite = load_suite(args.suite)
     path = reference_path(args.reference, suite.name)

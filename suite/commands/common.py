@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-from kvbench.schedule import Schedule
+from kvbench.core.schedule import Schedule
 
 # Piped output is not wrapped at 80 columns: tables stay readable in logs and CI.
 console = Console(width=None if sys.stdout.isatty() else 160)

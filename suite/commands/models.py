@@ -42,7 +42,7 @@ def load_calibration(policy, model: str, path: Path | None):
     """The statistics a policy needs, or None when it needs none."""
     if "calibration" not in policy.needs:
         return None
-    from kvbench.calibration import QueryStats, default_path
+    from kvbench.core.calibration import QueryStats, default_path
 
     return QueryStats.load(path or default_path(model), model=model)
 
@@ -51,8 +51,8 @@ def generate_command(args: argparse.Namespace) -> int:
     from kvbench.adapters.base import Sampling
     from kvbench.adapters.hf.decode import generate
     from kvbench.adapters.hf.models import load_model
+    from kvbench.core.seeding import sample_seed
     from kvbench.registry import make_policy
-    from kvbench.seeding import sample_seed
 
     policy = make_policy(args.policy)
     schedule = schedule_from(args)
@@ -106,7 +106,7 @@ def generate_command(args: argparse.Namespace) -> int:
 def calibrate_command(args: argparse.Namespace) -> int:
     from kvbench.adapters.hf.calibrate import calibrate
     from kvbench.adapters.hf.models import load_model
-    from kvbench.calibration import default_path
+    from kvbench.core.calibration import default_path
 
     loaded = load_model(args.model)
     stats = calibrate(loaded, args.corpus, max_tokens=args.max_tokens)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -25,21 +27,22 @@ def list_things(args: argparse.Namespace) -> int:
             needs = f"  [needs: {', '.join(sorted(cls.needs))}]" if cls.needs else ""
             print(f"{name}\t{cls.description}{needs}")
     elif args.what == "models":
-        from kvbench.model_spec import load_model_spec, model_names
+        from kvbench.specs.model import load_model_spec, model_names
 
         for name in model_names():
             spec = load_model_spec(name)
             print(f"{name}\t{spec.family}\t{spec.source.kind}\t{spec.description.split('.')[0]}")
     else:
-        from kvbench.protocol_spec import load_protocol, protocol_names
-        from kvbench.suite_spec import load_suite, suite_names
-        from kvbench.task_spec import load_task, task_names
+        from kvbench.specs.protocol import load_protocol, protocol_names
+        from kvbench.specs.suite import load_suite, suite_names
+        from kvbench.specs.task import load_task, task_names
 
-        names, load = {
+        loaders: dict[str, tuple[Callable[[], list[str]], Callable[[str], Any]]] = {
             "tasks": (task_names, load_task),
             "protocols": (protocol_names, load_protocol),
             "suites": (suite_names, load_suite),
-        }[args.what]
+        }
+        names, load = loaders[args.what]
         for name in names():
             print(f"{name}\t{' '.join(load(name).description.split())}")
     return 0

@@ -6,10 +6,15 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from kvbench.commands.common import console
+
+if TYPE_CHECKING:
+    from kvbench.results.report import ReportRow
+    from kvbench.runner.plan import Cell, RunRequest
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -107,14 +112,40 @@ def _estimate(e, signed: bool = False) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     from kvbench.results.report import as_dicts, build_report
-    from kvbench.results.stats import resolvable_difference
     from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
-    from kvbench.runner.plan import RunRequest, plan
-    from kvbench.suite_spec import load_suite
+    from kvbench.runner.plan import plan
 
     started = time.perf_counter()
-    request = RunRequest(
+    cells = plan(run_request(args))
+    timings = run_cells(cells, args.out, progress=not args.quiet)
+    ingest_started = time.perf_counter()
+    report = ingest(args.out)
+    timings.ingest = time.perf_counter() - ingest_started
+    rows = build_report(cells, report.snapshot)
+    generated = {c.task.name for c in cells if c.task.grader != "probe"}
+    for model, task in dict.fromkeys((r.model, r.task) for r in rows):
+        print_table([r for r in rows if (r.model, r.task) == (model, task)], generated=task in generated)
+    print_task_groups(args, cells, rows, report.snapshot)
+    wall = time.perf_counter() - started
+    console.print(
+        f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "
+        f"{timings.model_load:.1f} s, calibration {timings.calibration:.1f} s, scoring {timings.units:.1f} s "
+        f"of which evicting {timings.eviction:.1f} s, ingest {timings.ingest:.1f} s)"
+    )
+    console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
+        )
+    return 0
+
+
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """The command line as the planner's request."""
+    from kvbench.runner.plan import RunRequest
+
+    return RunRequest(
         suite=args.suite,
         policies=tuple(args.policy),
         protocol=args.protocol,
@@ -134,98 +165,88 @@ def run_command(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         attention=args.attention,
     )
-    cells = plan(request)
-    timings = run_cells(cells, args.out, progress=not args.quiet)
-    ingest_started = time.perf_counter()
-    report = ingest(args.out)
-    timings.ingest = time.perf_counter() - ingest_started
-    rows = build_report(cells, report.snapshot)
-    for model, task in dict.fromkeys((r.model, r.task) for r in rows):
-        group = [r for r in rows if (r.model, r.task) == (model, task)]
-        table = Table(title=f"{task} on {model} ({group[0].metric}, higher is better; 95% CI over problems)")
-        columns = (
-            "policy",
-            "K",
-            "K/N_avg",
-            "score",
-            "Δ vs null",
-            "W/T/L",
-            "verdict (Holm)",
-            "Δ vs full",
-            "problems × samples",
-        )
-        generated = task in {c.task.name for c in cells if c.task.grader != "probe"}
-        if generated:
-            columns = (*columns[:4], "strict", "trunc / no-ans", "tokens", *columns[4:])
-        for column in columns:
-            table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
-        for r in group:
-            name = {"null": f"{r.policy} (null)", "reference": f"{r.policy} (reference)"}.get(
-                r.role, r.policy
-            )
-            budget = "—" if r.role == "reference" else str(r.budget)
-            ratio = "—" if r.role == "reference" else f"{r.k_over_n_avg:.2f}"
-            test = r.null_test
-            wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
-            verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"
-            extra = (
-                (
-                    f"{r.strict.value:.3f}",
-                    f"{r.truncation_rate:.0%} / {r.no_answer_rate:.0%}",
-                    f"{r.mean_generated_tokens:.0f}",
-                )
-                if generated
-                else ()
-            )
-            table.add_row(
-                name,
-                budget,
-                ratio,
-                _estimate(r.score),
-                *extra,
-                _estimate(r.vs_null, True),
-                wtl,
-                verdict,
-                _estimate(r.vs_full, True),
-                f"{r.problems} × {r.samples}",
-            )
-        console.print(table)
-        problems = group[0].problems
-        console.print(
-            f"power note: with {problems} problems a sign test detects (80% power, 5% level) only policies "
-            f"that win at least {0.5 + resolvable_difference(problems):.0%} of the problems they do not tie"
-        )
-    suite = load_suite(args.suite)
-    if suite.groups and not args.task:
-        from kvbench.results.compare import Filters, compare
 
-        pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
-        for model in dict.fromkeys(r.model for r in rows):
-            pooled = compare(
-                report.snapshot,
-                Filters(
-                    model=model, protocol=cells[0].protocol.name, pools=pools, seed=cells[0].protocol.seed
-                ),
-            )
-            pooled = [r for r in pooled if r["task"] in suite.groups]
-            if pooled:
-                print_comparison(pooled, f"pooled task groups on {model} (clustered by task and problem)")
-    wall = time.perf_counter() - started
-    console.print(
-        f"{timings.computed} problems computed, {timings.reused} reused; wall {wall:.1f} s (model load "
-        f"{timings.model_load:.1f} s, calibration {timings.calibration:.1f} s, scoring {timings.units:.1f} s "
-        f"of which evicting {timings.eviction:.1f} s, ingest {timings.ingest:.1f} s)"
+
+def print_table(group: list[ReportRow], *, generated: bool) -> None:
+    """One model and task: every arm against the null and the full cache, then the sign test's power."""
+    from kvbench.results.stats import resolvable_difference
+
+    head = group[0]
+    table = Table(
+        title=f"{head.task} on {head.model} ({head.metric}, higher is better; 95% CI over problems)"
     )
-    console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
+    columns: tuple[str, ...] = (
+        "policy",
+        "K",
+        "K/N_avg",
+        "score",
+        "Δ vs null",
+        "W/T/L",
+        "verdict (Holm)",
+        "Δ vs full",
+        "problems × samples",
+    )
+    if generated:
+        columns = (*columns[:4], "strict", "trunc / no-ans", "tokens", *columns[4:])
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
+    for r in group:
+        name = {"null": f"{r.policy} (null)", "reference": f"{r.policy} (reference)"}.get(r.role, r.policy)
+        budget = "—" if r.role == "reference" else str(r.budget)
+        ratio = "—" if r.role == "reference" else f"{r.k_over_n_avg:.2f}"
+        test = r.null_test
+        wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
+        verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"
+        extra = (
+            (
+                "—" if r.strict is None else f"{r.strict.value:.3f}",
+                f"{r.truncation_rate:.0%} / {r.no_answer_rate:.0%}",
+                f"{r.mean_generated_tokens:.0f}",
+            )
+            if generated
+            else ()
         )
-    return 0
+        table.add_row(
+            name,
+            budget,
+            ratio,
+            _estimate(r.score),
+            *extra,
+            _estimate(r.vs_null, True),
+            wtl,
+            verdict,
+            _estimate(r.vs_full, True),
+            f"{r.problems} × {r.samples}",
+        )
+    console.print(table)
+    console.print(
+        f"power note: with {head.problems} problems a sign test detects (80% power, 5% level) only policies "
+        f"that win at least {0.5 + resolvable_difference(head.problems):.0%} of the problems they do not tie"
+    )
+
+
+def print_task_groups(
+    args: argparse.Namespace, cells: list[Cell], rows: list[ReportRow], snapshot: Path
+) -> None:
+    """The suite's declared task groups (e.g. AIME 2025 + 2026), pooled, when the whole suite ran."""
+    from kvbench.results.compare import Filters, compare
+    from kvbench.specs.suite import load_suite
+
+    suite = load_suite(args.suite)
+    if not suite.groups or args.task:
+        return
+    pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
+    for model in dict.fromkeys(r.model for r in rows):
+        filters = Filters(
+            model=model, protocol=cells[0].protocol.name, pools=pools, seed=cells[0].protocol.seed
+        )
+        pooled = [r for r in compare(snapshot, filters) if r["task"] in suite.groups]
+        if pooled:
+            print_comparison(pooled, f"pooled task groups on {model} (clustered by task and problem)")
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from kvbench.validate import validate_paths
+    from kvbench.specs.validate import validate_paths
 
     checked = validate_paths(args.path)
     for kind, name in checked:

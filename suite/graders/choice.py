@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.core.seeding import stable_seed
 from kvbench.graders.thinking import final_answer
-from kvbench.seeding import stable_seed
 
 GRADER_VERSION = "choice-1"
 LETTERS = "ABCD"

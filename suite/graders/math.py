@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 from dataclasses import dataclass
+from multiprocessing.pool import Pool
 from typing import Any, Literal
 
 from kvbench.graders.thinking import final_answer
@@ -61,7 +62,7 @@ class MathGrader:
 
     def __init__(self, timeout: float = 20.0, workers: int = 1) -> None:
         self.timeout, self.workers = timeout, workers
-        self._pool = None
+        self._pool: Pool | None = None
 
     def __enter__(self) -> MathGrader:
         return self
@@ -75,7 +76,7 @@ class MathGrader:
             self._pool.join()
             self._pool = None
 
-    def _workers(self):
+    def _workers(self) -> Pool:
         if self._pool is None:
             self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
         return self._pool

@@ -47,15 +47,21 @@ class GraderEntry:
     """module:class of the grader."""
     fields: tuple[str, ...]
     """The task's ``fields`` it needs set (dataset columns)."""
+    optional: tuple[str, ...] = ()
+    """Further ``fields`` it reads when set; any other grader's field is an error in a task's YAML."""
     sandboxed: bool = False
     """Grading runs model-written programs: refused without --allow-code-execution and a sandbox."""
 
 
 GRADERS = {
-    "math": GraderEntry("kvbench.graders.math:MathTaskGrader", ("answer",)),
+    "math": GraderEntry("kvbench.graders.math:MathTaskGrader", ("answer",), ("answer_after",)),
     "choice": GraderEntry("kvbench.graders.choice:ChoiceTaskGrader", ("correct", "incorrect")),
-    "code": GraderEntry("kvbench.graders.code:CodeTaskGrader", ("tests",), sandboxed=True),
+    "code": GraderEntry(
+        "kvbench.graders.code:CodeTaskGrader", ("tests",), ("metadata", "starter_code"), sandboxed=True
+    ),
 }
+COMMON_FIELDS = ("id", "question")
+"""The ``fields`` every grader reads: the problem's id and its question."""
 PROBE = "probe"
 """Not a grader: probe tasks are scored by teacher forcing (kvbench.runner.probe_units)."""
 

@@ -256,6 +256,7 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
         **_as_unprivileged(),
     )
     os.close(result_write)
+    assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
     feeder = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
     feeder.start()
     streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr", result_read: "result"}

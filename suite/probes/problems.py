@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from kvbench.core.seeding import stable_seed
 from kvbench.probes.filler import filler_tokens
-from kvbench.seeding import stable_seed
 
 Role = Literal["filler", "needle", "query", "answer"]
 STUB = "Think through a long calculation. Along the way you will be given details to remember."

@@ -140,10 +140,15 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
 def outputs_digest(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
     """sha256 (16 hex digits) over a run's samples: what `kvbench check` compares with its reference."""
     digest = hashlib.sha256()
-    for row in con.execute(_OUTPUTS, [run_id]).fetchall():
-        metric = None if row[2] is None else round(row[2], 12)
-        measured = {k: v for k, v in zip(_MEASURED, row[10:], strict=True) if v is not None}
-        digest.update(repr((*row[:2], metric, *row[3:9], _measurements(row[9], measured))).encode())
+    for problem, sample, metric, *verdict_to_output, secondary, no_answer, grader, logprob, kl in con.execute(
+        _OUTPUTS, [run_id]
+    ).fetchall():
+        rounded = None if metric is None else round(metric, 12)
+        measured = dict(zip(_MEASURED, (no_answer, grader, logprob, kl), strict=True))
+        present = {k: v for k, v in measured.items() if v is not None}
+        # correct, strict_correct, finish_reason, generated_tokens, evictions, output: in _OUTPUTS' order
+        fields = (problem, sample, rounded, *verdict_to_output, _measurements(secondary, present))
+        digest.update(repr(fields).encode())
     return digest.hexdigest()[:16]
 
 

@@ -167,13 +167,14 @@ def compare_table(
     candidates = [a for a in arms if a[0] == baseline and a[2] != "reference"]
     base = next((a for a in candidates if a[2] == "null"), candidates[0] if candidates else None)
     full = next((a for a in arms if a[2] == "reference"), None)
+    base_scores = pooled[base] if base is not None else {}
 
     def pairs_with_base(arm: tuple[str, str, str]) -> bool:
         return base is not None and all(arms[arm][t].samples == arms[base][t].samples for t in tasks)
 
     tested = [a for a in arms if a != base and a[2] != "reference" and pairs_with_base(a)]
     tests = dict(
-        zip(tested, holm_verdicts([compare_arms(pooled[a], pooled[base]) for a in tested]), strict=True)
+        zip(tested, holm_verdicts([compare_arms(pooled[a], base_scores) for a in tested]), strict=True)
     )
     results = []
     for arm, got in arms.items():
@@ -182,7 +183,7 @@ def compare_table(
         if test is not None:
             vs_base = test.difference
         elif arm != base and arm[2] == "reference" and pairs_with_base(arm):
-            vs_base = paired_difference(pooled[arm], pooled[base])
+            vs_base = paired_difference(pooled[arm], base_scores)
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]

@@ -9,7 +9,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 import pyarrow as pa
 import pydantic
@@ -179,8 +179,8 @@ def column(model: type[BaseModel], name: str) -> Column:
     if typing.get_origin(annotation) in (Union, types.UnionType):
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is Annotated:
-        return next(m for m in annotation.__metadata__ if isinstance(m, Column))
-    return _BY_TYPE[annotation]
+        return next(m for m in typing.get_args(annotation)[1:] if isinstance(m, Column))
+    return _BY_TYPE[cast(type, annotation)]
 
 
 def arrow_schema(model: type[BaseModel]) -> pa.Schema:

@@ -47,7 +47,9 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
     finally:
         con.close()
     results: dict[str, ArmResult] = {}
-    tables = dict.fromkeys((c.model.name, c.task.name, c.budget) for c in cells if c.role != "reference")
+    tables: dict[tuple[str, str, int | None], None] = dict.fromkeys(
+        (c.model.name, c.task.name, c.budget) for c in cells if c.role != "reference"
+    )
     # a full cache run without policies beside it is a table of its own
     tables.update(dict.fromkeys((c.model.name, c.task.name, None) for c in cells if c.role == "reference"))
     for model, task, budget in tables:

@@ -6,10 +6,10 @@ not independent. Differences between two arms are paired on the problems both ar
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
 
 
 def bootstrap_mean(
-    values: np.ndarray, *, draws: int = DRAWS, seed: int = SEED, level: float = 0.95
+    values: Sequence[float] | np.ndarray, *, draws: int = DRAWS, seed: int = SEED, level: float = 0.95
 ) -> Estimate:
     """Mean of per-problem values with a percentile bootstrap CI over problems."""
     values = np.asarray(values, dtype=float)
@@ -63,7 +63,7 @@ def bootstrap_mean(
     return Estimate(float(values.mean()), float(low), float(high), int(values.size))
 
 
-def paired_difference(arm: Mapping[Hashable, float], other: Mapping[Hashable, float], **kwargs) -> Estimate:
+def paired_difference(arm: Mapping[Any, float], other: Mapping[Any, float], **kwargs: Any) -> Estimate:
     """Mean over shared problems of arm − other, with a bootstrap CI over those problems."""
     shared = sorted(set(arm) & set(other))
     return bootstrap_mean(np.array([arm[p] - other[p] for p in shared]), **kwargs)
@@ -97,9 +97,7 @@ class PairedComparison:
     verdict: Verdict | None = None
 
 
-def compare_arms(
-    arm: Mapping[Hashable, float], baseline: Mapping[Hashable, float], **kwargs
-) -> PairedComparison:
+def compare_arms(arm: Mapping[Any, float], baseline: Mapping[Any, float], **kwargs: Any) -> PairedComparison:
     """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems."""
     from scipy.stats import binomtest
 
@@ -137,6 +135,7 @@ def verdicts(comparisons: list[PairedComparison], alpha: float = 0.05) -> list[P
     adjusted = holm([c.p_value for c in comparisons])
     out = []
     for comparison, p in zip(comparisons, adjusted, strict=True):
+        verdict: Verdict
         if p < alpha:
             verdict = "beats null" if comparison.wins > comparison.losses else "loses to null"
         else:

@@ -6,7 +6,7 @@ problem, not the sample, is the unit the bootstrap and the paired tests resample
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -69,7 +69,7 @@ def summarize(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> dict[st
 
 
 def most_complete(
-    runs: Iterable[T], summaries: dict[str, CellSummary], key: Callable[[T], Hashable]
+    runs: Iterable[T], summaries: Mapping[str, CellSummary], key: Callable[[T], Hashable]
 ) -> list[T]:
     """One run per key: the one with the most samples, the later one on a tie.
 

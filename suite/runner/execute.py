@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.adapters.base import Backend, find_adapter
-from kvbench.calibration import QueryStats
+from kvbench.core.calibration import QueryStats
+from kvbench.core.seeding import sample_seed
 from kvbench.errors import BudgetError
 from kvbench.graders.registry import Grader, make_grader
 from kvbench.probes.problems import ProbeProblem
@@ -21,7 +22,6 @@ from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
 from kvbench.runner.store import ShardStore
-from kvbench.seeding import sample_seed
 
 
 @dataclass
@@ -55,7 +55,7 @@ def cell_problems(cell: Cell, backend: Backend) -> list:
     """The problems of a cell's task: generated probes, or dataset rows (hub or --data)."""
     if cell.task.source.kind == "probe":
         return probe_problems(cell, backend)
-    from kvbench.task_data import load_problems
+    from kvbench.specs.task_data import load_problems
 
     if cell.data is None:
         return load_problems(cell.task, None, cell.limit)

@@ -14,7 +14,7 @@ from kvbench.graders.registry import Grader
 from kvbench.results.records import SampleRecord
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import problem_key
-from kvbench.task_data import Problem
+from kvbench.specs.task_data import Problem
 
 
 def score_generation(

@@ -152,7 +152,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
                     "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
                 )
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            runs = [RunRecord.from_manifest(m).row() for m in read.values()]
+            runs = [RunRecord.from_manifest(m).row() for m in read.values() if m is not None]
             if runs:
                 con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
                 con.execute("INSERT OR IGNORE INTO runs BY NAME SELECT * FROM new_runs")

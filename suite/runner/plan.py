@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kvbench.contract import Policy
+from kvbench.core.contract import Policy
+from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
 from kvbench.graders.registry import sandboxed
-from kvbench.model_spec import ModelSpec, load_model_spec
-from kvbench.protocol_spec import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.registry import make_policy, policy_record
-from kvbench.schedule import Schedule
-from kvbench.specs import validate_values, with_overrides
-from kvbench.suite_spec import SuiteSpec, load_suite
-from kvbench.task_spec import TaskSpec, load_task
+from kvbench.specs.loading import validate_values, with_overrides
+from kvbench.specs.model import ModelSpec, load_model_spec
+from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
+from kvbench.specs.suite import SuiteSpec, load_suite
+from kvbench.specs.task import TaskSpec, load_task
 
 RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
@@ -139,7 +139,7 @@ def _make_cell(
         "limit": limit,
     }
     if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
-        from kvbench.task_data import data_fingerprint
+        from kvbench.specs.task_data import data_fingerprint
 
         resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
     if role == "reference":  # the full cache does not depend on K: one reference serves every budget
@@ -175,6 +175,45 @@ def _one_spec_per_name(models: list[ModelSpec]) -> None:
             )
 
 
+def _check_code_execution(tasks: list[TaskSpec], allowed: bool) -> None:
+    """Tasks that run model-written code need the user's consent and a working sandbox, checked before
+    any model loads: no weaker sandbox exists to fall back to."""
+    running_code = [t.name for t in tasks if sandboxed(t.grader)]
+    if running_code and not allowed:
+        raise SpecError(
+            f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "
+            "sandbox: no network, no host files, CPU, memory, process and wall-clock limits): pass "
+            "--allow-code-execution to run them"
+        )
+    if running_code:
+        from kvbench.graders.sandbox import Sandbox
+
+        Sandbox().check()
+
+
+def _budgets(
+    request: RunRequest,
+    protocol: ProtocolSpec,
+    ratios: list[float | None],
+    task: TaskSpec,
+    model: str,
+    n_avg: float | None,
+) -> list[tuple[int, float | None]]:
+    """(K, the ratio that set it) for each ratio asked: --budget fixes K; otherwise K = N_avg / ratio."""
+    if request.budget is not None:
+        return [(request.budget, None)] * len(ratios)
+    if n_avg is None:
+        raise SpecError(
+            f"task {task.name!r} has no reference N_avg for model {model!r}, so K = N_avg/ratio "
+            f"cannot be set: add `n_avg: {{{model}: ...}}` to the task or pass --budget"
+        )
+    budgets = []
+    for ratio in ratios:
+        rule = protocol.budget if ratio is None else protocol.budget.model_copy(update={"ratio": ratio})
+        budgets.append((rule.budget(n_avg, protocol.buffer), ratio or protocol.budget.ratio))
+    return budgets
+
+
 def plan(request: RunRequest) -> list[Cell]:
     """Every cell the request needs, baselines included, in a stable order.
 
@@ -201,17 +240,7 @@ def plan(request: RunRequest) -> list[Cell]:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
     tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
-    running_code = [t.name for t in tasks if sandboxed(t.grader)]
-    if running_code and not request.allow_code_execution:
-        raise SpecError(
-            f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "
-            "sandbox: no network, no host files, CPU, memory, process and wall-clock limits): pass "
-            "--allow-code-execution to run them"
-        )
-    if running_code:  # before any model loads: no weaker sandbox exists to fall back to
-        from kvbench.graders.sandbox import Sandbox
-
-        Sandbox().check()
+    _check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}
         tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]
@@ -221,9 +250,9 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.data is not None and (len(tasks) != 1 or tasks[0].source.kind != "hub-dataset"):
         raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
     policies = [make_policy(p) for p in (request.policies or suite.policies)]
-    ratios: list[float | None] = (
-        [request.ratio] if request.ratio is not None else list(suite.ratios or [None])
-    )
+    ratios: list[float | None] = [request.ratio] if request.ratio is not None else [None]
+    if request.ratio is None and suite.ratios:
+        ratios = list(suite.ratios)
     cells: list[Cell] = []
     for model in models:
         if model.family not in protocol.sampling:
@@ -234,22 +263,7 @@ def plan(request: RunRequest) -> list[Cell]:
             )
         for task in tasks:
             n_avg = task.reference_n_avg(model.name)
-            if n_avg is None and request.budget is None:
-                raise SpecError(
-                    f"task {task.name!r} has no reference N_avg for model {model.name!r}, so K = N_avg/ratio "
-                    f"cannot be set: add `n_avg: {{{model.name}: ...}}` to the task or pass --budget"
-                )
-            for ratio in ratios:
-                if request.budget is not None:
-                    budget, used_ratio = request.budget, None
-                else:
-                    used_ratio = ratio or protocol.budget.ratio
-                    rule = (
-                        protocol.budget
-                        if ratio is None
-                        else protocol.budget.model_copy(update={"ratio": ratio})
-                    )
-                    budget = rule.budget(n_avg, protocol.buffer)
+            for budget, used_ratio in _budgets(request, protocol, ratios, task, model.name, n_avg):
                 arms: list[tuple[Policy, Role]] = [(p, "policy") for p in policies]
                 if request.baselines:
                     arms += [
@@ -287,7 +301,7 @@ def check_capabilities(cells: list[Cell]) -> None:
         adapter = find_adapter(runtime.adapter)
         can = adapter.capabilities()
         here = [c for c in cells if c.runtime == runtime]
-        wanted = {
+        wanted: dict[str, tuple[set[str], tuple[str, ...]]] = {
             "device": ({runtime.device_kind}, can.devices),
             "attention": ({runtime.attention}, can.attentions),
             "dtype": ({c.model.dtype for c in here}, can.dtypes),

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kvbench.adapters.base import Backend
-from kvbench.engine import PinnedSlots
+from kvbench.core.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.results.records import SampleRecord
 from kvbench.runner.plan import Cell
@@ -16,20 +16,21 @@ from kvbench.runner.store import problem_key
 
 
 def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:
-    source = cell.task.source
+    source = cell.task.probe
 
     def count(text: str) -> int:
         return len(backend.encode(text))
 
     total = source.problems if cell.limit is None else min(source.problems, cell.limit)
-    if source.probe == "fidelity":
+    kind = source.probe
+    if kind == "fidelity":
         return [
             fidelity_problem(i, seed=source.seed, length=source.length, count_tokens=count)
             for i in range(total)
         ]
     return [
         needle_problem(
-            source.probe, i, seed=source.seed, length=source.length, depth=source.depth, count_tokens=count
+            kind, i, seed=source.seed, length=source.length, depth=source.depth, count_tokens=count
         )
         for i in range(total)
     ]
@@ -53,7 +54,7 @@ def score_probe(
 ) -> list[SampleRecord]:
     started = time.perf_counter()
     prompt, continuation, where = encode_problem(problem, backend)
-    source = cell.task.source
+    source = cell.task.probe
     pinned = None
     if source.pin_heads is not None:
         heads = torch.arange(backend.facts.num_kv_heads) < source.pin_heads
@@ -78,8 +79,9 @@ def score_probe(
         if fidelity:
             # the predictions a cache could change: those made after the first event (at K + B slots)
             scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
-            agreement = result.top1_agrees_with_full[i, scored].float()
-            kl = result.kl_to_full[i, scored]
+            kl_to_full, agrees = result.against_full()
+            agreement = agrees[i, scored].float()
+            kl = kl_to_full[i, scored]
             metric, correct = float(agreement.mean()) if agreement.numel() else 1.0, None
             measured["kl_to_full"] = float(kl.mean()) if kl.numel() else 0.0
             secondary = {"scored_tokens": agreement.numel()}

@@ -14,8 +14,8 @@ from pathlib import Path
 from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
 from kvbench.runner.store import ShardStore, read_records
-from kvbench.task_data import load_problems
-from kvbench.task_spec import TaskSpec
+from kvbench.specs.task import TaskSpec
+from kvbench.specs.task_data import load_problems
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
             records = read_records(shard)
             regraded = []
             for record in records:
+                if record.output is None:
+                    raise SpecError(
+                        f"{shard}: sample {record.problem_id}/{record.sample} has no stored output"
+                    )
                 gold = problems[record.problem_id].gold
                 verdict = grader.grade(record.output, gold, task, thinking=thinking)
                 changed += int(verdict.correct != record.correct)

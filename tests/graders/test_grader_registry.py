@@ -12,9 +12,9 @@ import duckdb
 import pytest
 
 from kvbench.errors import SpecError
-from kvbench.model_spec import load_model_spec
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.task_spec import load_task
+from kvbench.specs.model import load_model_spec
+from kvbench.specs.task import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
@@ -44,9 +44,22 @@ def test_a_grader_names_the_columns_it_needs(tmp_path: Path) -> None:
         load_task(path)
 
 
+def test_a_field_the_grader_does_not_read_is_refused(tmp_path: Path) -> None:
+    # a code task's test column on a math task would be silently ignored: the YAML is wrong
+    path = task_with(tmp_path, 'answer_after: "####"}', 'answer_after: "####", tests: [answer]}')
+    with pytest.raises(SpecError) as caught:
+        load_task(path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "the math grader does not read `fields.tests`: remove it" in message
+    assert "(a math task's fields: answer, answer_after, id, question)" in message
+    # the grader's optional fields are accepted (gsm8k sets answer_after)
+    assert load_task(ROOT / "tasks" / "gsm8k.yaml").dataset.fields.answer_after == "####"
+
+
 def test_loading_specs_imports_no_grading_code() -> None:
     script = (
-        "import sys; from kvbench.task_spec import load_task; [load_task(t) for t in "
+        "import sys; from kvbench.specs.task import load_task; [load_task(t) for t in "
         "('gsm8k', 'gpqa-diamond', 'lcb-v6', 'passkey')]; "
         "print([m for m in sys.modules if m.startswith(('kvbench.graders.math', 'kvbench.graders.code', "
         "'kvbench.graders.choice', 'math_verify'))])"
@@ -74,7 +87,7 @@ def test_thinking_comes_from_the_model_yaml_and_only_set_fields_join_the_identit
 @pytest.mark.slow
 def test_a_thinking_models_answer_is_read_after_its_marker(tmp_path: Path) -> None:
     from kvbench.runner.store import ShardStore, read_records
-    from kvbench.task_data import load_problems
+    from kvbench.specs.task_data import load_problems
 
     thinking = tmp_path / "tiny-thinking.yaml"
     text = (ROOT / "suite" / "models" / "tiny-qwen3.yaml").read_text().replace("name: tiny-qwen3", "name: tt")

@@ -342,8 +342,8 @@ def test_an_output_flood_is_capped(host: Host, mode: str) -> None:
 
 
 def test_correct_livecodebench_solutions_pass_through_the_boundary() -> None:
-    from kvbench.task_data import load_problems
-    from kvbench.task_spec import load_task
+    from kvbench.specs.task import load_task
+    from kvbench.specs.task_data import load_problems
 
     fixture = (
         Path(__file__).resolve().parents[1] / "fixtures" / "hub" / "livecodebench" / "code_generation_lite"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvbench.contract import LayerState, Policy
+from kvbench.core.contract import LayerState, Policy
 from kvbench.registry import known_policies, make_policy
 from support import random_view
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kvbench.contract import LayerState
+from kvbench.core.contract import LayerState
 from kvbench.registry import make_policy
 from support import random_view, row_generators
 

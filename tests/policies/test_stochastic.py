@@ -11,11 +11,11 @@ import torch
 from scipy import stats
 
 from kvbench.adapters.synthetic import synthetic_model
-from kvbench.contract import LayerState
-from kvbench.engine import Evictor, LayerKV
+from kvbench.core.contract import LayerState
+from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.schedule import Schedule
 from kvbench.policies.scoring import gumbel_topk
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
 from support import RecordingBackend, make_calibration, random_view
 
 STOCHASTIC = ["random", "vase-attnv", "vase-dkv", "curdkv"]

@@ -13,7 +13,7 @@ KVBENCH = str(Path(sys.executable).parent / "kvbench")
 REPO = Path(__file__).resolve().parents[2]
 
 SCORER = '''
-from kvbench.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, Policy, policy
 
 
 @policy("my-recency")

@@ -15,8 +15,8 @@ import pytest
 
 from kvbench.errors import SpecError
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.task_data import data_fingerprint, load_problems
-from kvbench.task_spec import load_task
+from kvbench.specs.task import load_task
+from kvbench.specs.task_data import data_fingerprint, load_problems
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"

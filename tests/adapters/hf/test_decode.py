@@ -9,9 +9,9 @@ from kvbench.adapters.base import Sampling
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import LoadedModel
+from kvbench.core.schedule import Schedule
 from kvbench.errors import BudgetError, CapabilityError
 from kvbench.registry import known_policies, make_policy
-from kvbench.schedule import Schedule
 
 SAMPLING = Sampling(temperature=0.6, top_p=0.95)
 EVICTING = [name for name, cls in known_policies().items() if cls.evicts]

@@ -8,8 +8,8 @@ import torch
 from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
-from kvbench.schedule import Schedule
 from support import make_calibration
 
 SCHEDULE = Schedule(budget=64, buffer=16)

@@ -5,14 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.errors import KvbenchError, SpecError
-from kvbench.model_spec import ModelSpec, load_model_spec, model_names
-from kvbench.protocol_spec import ProtocolSpec, load_protocol, protocol_names
 from kvbench.registry import make_policy
-from kvbench.specs import load_spec
-from kvbench.suite_spec import SuiteSpec, load_suite, suite_names
-from kvbench.task_spec import TaskSpec, load_task, task_names
+from kvbench.specs.loading import load_spec
+from kvbench.specs.model import ModelSpec, load_model_spec, model_names
+from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
+from kvbench.specs.suite import SuiteSpec, load_suite, suite_names
+from kvbench.specs.task import TaskSpec, load_task, task_names
 
-KINDS = {"models": ModelSpec, "protocols": ProtocolSpec, "suites": SuiteSpec, "tasks": TaskSpec}
+KINDS: dict[str, type[ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec]] = {
+    "models": ModelSpec,
+    "protocols": ProtocolSpec,
+    "suites": SuiteSpec,
+    "tasks": TaskSpec,
+}
 
 
 def _check_suite(suite: SuiteSpec) -> None:
@@ -71,7 +76,7 @@ def validate_paths(path: Path | None) -> list[tuple[str, str]]:
         raise SpecError(f"{path}: no .yaml file to validate")
     for file in files:
         kind = _kind_of(file)
-        spec = load_spec(file, KINDS[kind])
+        spec: ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec = load_spec(file, KINDS[kind])
         if isinstance(spec, SuiteSpec):
             _check_suite(spec)
         if isinstance(spec, ProtocolSpec):

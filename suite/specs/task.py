@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 import pydantic
 
 from kvbench.errors import UnknownNameError
-from kvbench.protocol_spec import MAX_TOKENS
-from kvbench.specs import StrictSpec, load_spec
+from kvbench.specs.loading import StrictSpec, load_spec
+from kvbench.specs.protocol import MAX_TOKENS
 
 
 class ProbeSource(StrictSpec):
@@ -97,7 +97,7 @@ class TaskSpec(StrictSpec):
 
     @pydantic.model_validator(mode="after")
     def _grader_fits_source(self) -> TaskSpec:
-        from kvbench.graders.registry import PROBE, entry
+        from kvbench.graders.registry import COMMON_FIELDS, PROBE, entry
 
         if (self.grader == PROBE) != (self.source.kind == "probe"):
             raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
@@ -109,14 +109,36 @@ class TaskSpec(StrictSpec):
             unset = [f"`fields.{f}`" for f in needed if not getattr(self.source.fields, f)]
             if unset:
                 raise ValueError(f"a {self.grader} task needs {' and '.join(unset)}")
+            read = {*COMMON_FIELDS, *needed, *entry(self.grader).optional}
+            given = self.source.fields
+            unread = sorted(f for f in given.model_fields_set - read if getattr(given, f) is not None)
+            if unread:
+                raise ValueError(
+                    f"the {self.grader} grader does not read {', '.join(f'`fields.{f}`' for f in unread)}: "
+                    f"remove it (a {self.grader} task's fields: {', '.join(sorted(read))})"
+                )
         return self
+
+    @property
+    def probe(self) -> ProbeSource:
+        """The source of a probe task (a teacher-forced probe)."""
+        if not isinstance(self.source, ProbeSource):
+            raise TypeError(f"task {self.name!r} reads a hub dataset, not a probe")
+        return self.source
+
+    @property
+    def dataset(self) -> HubDataset:
+        """The source of a graded task (a dataset of problems)."""
+        if not isinstance(self.source, HubDataset):
+            raise TypeError(f"task {self.name!r} is a probe, not a dataset of problems")
+        return self.source
 
     def reference_n_avg(self, model: str) -> float | None:
         if model in self.n_avg:
             return self.n_avg[model]
         if "*" in self.n_avg:
             return self.n_avg["*"]
-        if self.source.kind == "probe":
+        if isinstance(self.source, ProbeSource):
             return float(self.source.length)
         return None
 

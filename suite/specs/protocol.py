@@ -7,9 +7,9 @@ from typing import Literal
 
 import pydantic
 
-from kvbench.model_spec import Family
-from kvbench.schedule import Schedule
-from kvbench.specs import StrictSpec, find_spec_file, load_spec, spec_names
+from kvbench.core.schedule import Schedule
+from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
+from kvbench.specs.model import Family
 
 
 class SamplingSpec(StrictSpec):
@@ -40,6 +40,8 @@ class BudgetRule(StrictSpec):
     def budget(self, n_avg: float, buffer: int) -> int:
         if self.fixed is not None:
             return self.fixed
+        if self.ratio is None:  # the validator requires one of the two
+            raise ValueError("a budget rule needs `fixed` or `ratio`")
         rounded = round(n_avg / self.ratio / buffer) * buffer
         return max(rounded, 2 * buffer)
 

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 import pydantic
 
-from kvbench.protocol_spec import MAX_TOKENS
-from kvbench.specs import StrictSpec, find_spec_file, load_spec, spec_names
+from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
+from kvbench.specs.protocol import MAX_TOKENS
 
 
 class SuiteSpec(StrictSpec):

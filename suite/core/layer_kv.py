@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.contract import LayerState
+from kvbench.core.contract import LayerState
 
 
 class LayerKV:

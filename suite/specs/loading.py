@@ -8,10 +8,12 @@ from typing import Any, TypeVar
 
 import pydantic
 import yaml
+from pydantic_core import ErrorDetails
 
 from kvbench.errors import SpecError, UnknownNameError
 
-SPEC_ROOT = Path(__file__).parent
+SPEC_ROOT = Path(__file__).parent.parent
+"""The package folder holding the built-in specs: models/, protocols/, suites/ (tasks/ is kvbench.tasks)."""
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -21,11 +23,11 @@ class StrictSpec(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
-def _field(error: dict) -> str:
+def _field(error: ErrorDetails) -> str:
     return ".".join(str(part) for part in error["loc"]) or "(top level)"
 
 
-def _fix_for(error: dict) -> str:
+def _fix_for(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "missing":
         return "add this field"

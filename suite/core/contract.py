@@ -3,7 +3,7 @@
 A policy is a frozen dataclass (its fields are its parameters, recorded with every result) with one
 method, ``score(view) -> Tensor[B, Hkv, n]`` (higher = keep), and optionally ``observe(step)`` for
 policies that must see every decode step. Budgets, protection, top-k and compaction belong to the engine
-(kvbench.engine), so that a policy and the null baseline are always compared under the same schedule.
+(kvbench.core.engine), so that a policy and the null baseline are always compared under the same schedule.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast
 
 import pydantic
 import torch
@@ -37,7 +37,7 @@ class ModelFacts:
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
-    rope_inv_freq: Tensor | None = None
+    rope_inv_freq: Tensor
     """[D/2] angular frequency ω_f of each RoPE band, rotate-half layout (pairs f and f + D/2)."""
 
     @property
@@ -140,10 +140,20 @@ class EvictionView:
     state: LayerState
     rngs: tuple[torch.Generator, ...]
     """One generator per batch row, seeded from (row seed, layer, event)."""
-    queries: Tensor | None = None
-    """[B, Hq, W, D] the last W post-RoPE queries, when the policy needs ``queries``."""
+    recent_queries: Tensor | None = None
+    """The queries the engine recorded: None unless the policy needs ``queries``. Read ``queries``."""
     calibration: Any = None
     """Per-model statistics, when the policy needs ``calibration``."""
+
+    @property
+    def queries(self) -> Tensor:
+        """[B, Hq, W, D] the last W post-RoPE queries, for a policy that needs ``queries``."""
+        if self.recent_queries is None:
+            raise AttributeError(
+                "view.queries is recorded only for a policy that declares it: "
+                "@policy(name, needs={'queries'})"
+            )
+        return self.recent_queries
 
     @property
     def num_candidates(self) -> int:
@@ -231,15 +241,15 @@ def policy(name: str, *, needs: set[Need] | frozenset[Need] = frozenset()) -> Ca
         if not issubclass(cls, Policy):
             raise TypeError(f"@policy({name!r}) decorates a subclass of kvbench.Policy, not {cls!r}")
         config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-        cls = pydantic.dataclasses.dataclass(frozen=True, config=config)(cls)
+        cls = cast(P, pydantic.dataclasses.dataclass(frozen=True, config=config)(cls))
         cls.name = name
         cls.needs = frozenset(needs)
         cls.description = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else name
-        cls.__kvbench_policy__ = True
+        setattr(cls, "__kvbench_policy__", True)  # noqa: B010  (marks the class itself, not its subclasses)
         return cls
 
     return wrap
 
 
-def is_policy_class(obj: object) -> bool:
+def is_policy_class(obj: object) -> TypeGuard[type[Policy]]:
     return isinstance(obj, type) and issubclass(obj, Policy) and obj.__dict__.get("__kvbench_policy__", False)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
-from kvbench.specs import StrictSpec, find_spec_file, load_spec, spec_names
+from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
 
 Family = Literal["qwen3", "phi4-reasoning", "smollm2", "tiny"]
 

@@ -1,7 +1,7 @@
 """The eviction engine: backend-agnostic torch code that applies one policy under one schedule.
 
 A backend (the transformers cache, the vLLM connector, the synthetic test backend) keeps one
-:class:`~kvbench.layer_kv.LayerKV` per layer and calls :meth:`Evictor.evict` whenever
+:class:`~kvbench.core.layer_kv.LayerKV` per layer and calls :meth:`Evictor.evict` whenever
 ``schedule.due(length)``. The engine builds each layer's :class:`EvictionView`, checks the policy's
 scores, gives protected slots +inf, keeps the top K − B candidates per KV head, appends the buffer and
 compacts keys, values, positions and slot state.
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kvbench.contract import EvictionView, ModelFacts, Policy, StepView
+from kvbench.core.contract import EvictionView, ModelFacts, Policy, StepView
+from kvbench.core.layer_kv import LayerKV
+from kvbench.core.schedule import ProtectedPrefix, Schedule
+from kvbench.core.seeding import eviction_seed, generator
 from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
-from kvbench.layer_kv import LayerKV
-from kvbench.schedule import ProtectedPrefix, Schedule
-from kvbench.seeding import eviction_seed, generator
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class PinnedSlots:
 class EvictionStats:
     """What the engine measured for one batch; recorded with the results."""
 
+    protected: ProtectedPrefix
     events: int = 0
     seconds: float = 0.0
-    protected: ProtectedPrefix | None = None
 
 
 class Evictor:
@@ -160,7 +160,7 @@ class Evictor:
             model=self.model,
             state=kv.state,
             rngs=tuple(generator(eviction_seed(s, layer, event), kv.keys.device) for s in self.row_seeds),
-            queries=queries,
+            recent_queries=queries,
             calibration=self.calibration,
         )
         scores = self.policy.score(view)

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvbench.errors import PrerequisiteError, SpecError
 from kvbench.graders.registry import make_grader
-from kvbench.task_spec import HubDataset, TaskSpec
+from kvbench.specs.task import HubDataset, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def load_problems(
 ) -> list[Problem]:
     """The task's problems (at most ``limit``); with ``data``, from that local copy, which must still have
     ``fingerprint`` (the one the run's identity recorded) when one is given."""
-    source = task.source
+    source = task.dataset
     fields = source.fields
     problems = []
     rows = _rows(task, source, data, fingerprint)

@@ -1,0 +1,1 @@
+"""Declarative specs: models, protocols, suites and tasks, loaded from YAML and validated by pydantic."""
