@@ -1,15 +1,23 @@
-"""H2O, heavy hitters (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference").
+"""H2O, heavy hitters plus a recent window (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle for Efficient
+Generative Inference").
 
 acc[b, h, s] += Σ over the step's queries of mean over the GQA group of softmax(q·kᵀ/√D)[s], at every
-forward step (prefill included), for every cached slot s; new slots start at 0. score = acc.
+forward step (prefill included), for every cached slot s; new slots start at 0. The newest
+round(recent · K) slots are kept by recency, the buffer's B among them; the other candidates by acc:
+
+    score = +inf for the newest round(recent · K) − B candidates, acc otherwise.
 
 The accumulator is a per-slot state tensor: the engine extends it for new tokens and compacts it with
-the cache, so it always follows its tokens. Recorded choice: no recent-window split inside the policy;
-the schedule's buffer plays the role of H2O's recent tokens for every policy alike.
+the cache, so it always follows its tokens. Recorded choices: recent = 0.5 is H2O's equal split of the
+budget between recent and heavy-hitter tokens; the buffer counts towards the recent share (it is kept by
+recency for every policy alike), so recent · K ≤ B adds no window; recent = 0 is pure accumulated
+attention, under which a token leaving the buffer, having received about B queries' attention, rarely
+outscores survivors that have accumulated thousands.
 """
 
 from __future__ import annotations
 
+import pydantic
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy, StepView, policy
@@ -17,7 +25,10 @@ from kvbench.core.contract import EvictionView, Policy, StepView, policy
 
 @policy("h2o", needs={"step_attention"})
 class H2O(Policy):
-    """H2O: accumulated attention received by each token since it entered the cache."""
+    """H2O: a recent window plus the heavy hitters of accumulated attention."""
+
+    recent: float = pydantic.Field(default=0.5, ge=0.0, le=1.0)
+    """The share of K kept by recency, the buffer included."""
 
     def observe(self, step: StepView) -> None:
         batch, q_heads, q_len, slots = step.attention.shape
@@ -30,4 +41,9 @@ class H2O(Policy):
             step.state.set_slot("acc", step.state.slot("acc") + received)
 
     def score(self, view: EvictionView) -> Tensor:
-        return view.candidate_slot("acc").clone()
+        acc = view.candidate_slot("acc").clone()
+        buffer = view.budget - view.keep
+        newest = min(max(round(self.recent * view.budget) - buffer, 0), view.num_candidates)
+        if newest:
+            acc.scatter_(-1, view.positions.topk(newest, dim=-1).indices, float("inf"))
+        return acc

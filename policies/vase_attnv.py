@@ -1,19 +1,24 @@
-"""VASE-AttnV (VASE paper §3; ``range_sink_sample_attn`` in the VaSE code).
+"""VASE-AttnV (VASE paper §3; ``range_sink_sample_attn`` in the VaSE code), prompt-protected as the
+Random Attention paper ran it.
 
-Reserve N_v = K/4 slots for the largest value ranges (max − min over D), the first 4 slots counting as
-sinks inside N_v; sample the rest of the K − B kept candidates without replacement with probability
-proportional to window_attention(avg5, mean) of the last W queries.
+Reserve N_v = min(K/4, K − B − P) slots for the largest value ranges (max − min over D) among the
+candidates the protocol does not protect (P of them are protected in that KV head); sample the rest of
+the K − B kept candidates without replacement with probability proportional to
+window_attention(avg5, mean) of the last W queries.
 
 In scores: reserved slots get +inf; the others get log(attention) + Gumbel noise, whose top-k is exact
 weighted sampling without replacement.
 
-Recorded choices: K includes the buffer (N_v = 512 at K = 2048, as the VaSE scripts' token_budget/4);
-the reserve is chosen among all candidates, protected ones included, as in the VaSE code (which protects
-nothing); we sample in fp32 with Gumbel top-k where the reference samples with torch.multinomial, and
-every draw is seeded.
+Recorded choices: K includes the buffer (N_v = 512 at K = 2048, as the VaSE scripts' token_budget/4).
+``reserve = "unprotected"`` (the default) never spends a reserve slot on a token the protocol keeps
+anyway; ``reserve = "all"`` is VaSE's original, which protects nothing: the reserve is chosen among all
+candidates with the first ``sinks`` slots forced into it. We sample in fp32 with Gumbel top-k where the
+reference samples with torch.multinomial, and every draw is seeded.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -27,8 +32,11 @@ class VaseAttnV(Policy):
     """VASE-AttnV: reserve the largest-range values, sample the rest by attention."""
 
     value_share: float = 0.25
-    """N_v = floor(value_share · K), capped at K − B."""
+    """N_v = floor(value_share · K), capped at the unprotected room K − B − P."""
+    reserve: Literal["unprotected", "all"] = "unprotected"
+    """Where the reserve is drawn from: the unprotected candidates, or all of them (VaSE's original)."""
     sinks: int = 4
+    """With ``reserve = "all"``: the first slots, forced into the reserve."""
     window: int = 64
 
     @property
@@ -36,11 +44,19 @@ class VaseAttnV(Policy):
         return self.window
 
     def reserved(self, view: EvictionView) -> Tensor:
-        """[B, Hkv, n] bool: the sinks plus the largest value ranges, N_v slots in all."""
+        """[B, Hkv, n] bool: the N_v reserved slots of each KV head."""
         n_reserved = min(int(self.value_share * view.budget), view.keep, view.num_candidates)
-        ranking = value_range(view.values).masked_fill(view.positions < self.sinks, float("inf"))
-        top = ranking.topk(n_reserved, dim=-1).indices
-        return torch.zeros_like(ranking, dtype=torch.bool).scatter_(-1, top, True)
+        ranges = value_range(view.values)
+        if self.reserve == "all":
+            ranking = ranges.masked_fill(view.positions < self.sinks, float("inf"))
+            top = ranking.topk(n_reserved, dim=-1).indices
+            return torch.zeros_like(ranking, dtype=torch.bool).scatter_(-1, top, True)
+        ranking = ranges.masked_fill(view.protected, float("-inf"))
+        best = ranking.topk(n_reserved, dim=-1)
+        room = (view.keep - view.protected.sum(dim=-1, keepdim=True)).clamp(min=0)  # K − B − P per head
+        rank = torch.arange(n_reserved, device=ranges.device)
+        chosen = (rank < room) & (best.values > float("-inf"))
+        return torch.zeros_like(ranking, dtype=torch.bool).scatter_(-1, best.indices, chosen)
 
     def score(self, view: EvictionView) -> Tensor:
         attention = window_attention(view.queries[:, :, -self.window :], view.keys, pool="avg5", group="mean")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from kvbench.core.contract import LayerState
+from kvbench.errors import SpecError
 from kvbench.registry import make_policy
 from support import random_view, row_generators
 
@@ -163,7 +165,8 @@ def test_curdkv_uses_the_stored_projection() -> None:
     g = state.row("projection")
     assert g.shape == (view.keys.shape[0], view.keys.shape[-1], 20)
     joint = loop_leverage(view.keys, g) * loop_leverage(view.values, g)
-    assert torch.allclose(scores, joint / joint.sum(-1, keepdim=True), atol=1e-6)
+    expected = (joint / joint.sum(-1, keepdim=True)).masked_fill(view.positions < 4, float("inf"))
+    assert torch.allclose(scores, expected, atol=1e-6)
 
 
 def test_vase_dkv_draws_g_from_the_rows_generators() -> None:
@@ -172,20 +175,39 @@ def test_vase_dkv_draws_g_from_the_rows_generators() -> None:
     dim = view.keys.shape[-1]
     g = torch.stack([torch.randn(dim, 20, generator=gen) / math.sqrt(20) for gen in row_generators(view)])
     joint = loop_leverage(view.keys, g) * loop_leverage(view.values, g)
-    assert torch.allclose(policy.score(view), joint / joint.sum(-1, keepdim=True), atol=1e-6)
+    expected = (joint / joint.sum(-1, keepdim=True)).masked_fill(view.positions < 4, float("inf"))
+    assert torch.allclose(policy.score(view), expected, atol=1e-6)
 
 
-def test_vase_attnv() -> None:
-    policy = make_policy("vase-attnv", window=8)
+def expected_reserve(view, mode: str, n_reserved: int = 16) -> list[list[set[int]]]:
+    """Per (row, KV head), the candidate indices VASE-AttnV must reserve, by an independent loop."""
+    value_range = view.values.amax(-1) - view.values.amin(-1)
+    out = []
+    for b in range(view.keys.shape[0]):
+        heads = []
+        for h in range(view.keys.shape[1]):
+            everyone = set(range(view.num_candidates))
+            if mode == "all":  # VaSE's original: the first 4 slots are sinks inside N_v
+                sinks = {i for i in everyone if view.positions[b, h, i] < 4}
+                by_range = sorted(everyone - sinks, key=lambda i: -value_range[b, h, i])
+                heads.append(sinks | set(by_range[: n_reserved - len(sinks)]))
+            else:  # among the unprotected candidates, at most K − B − P of them
+                protected = {i for i in everyone if view.protected[b, h, i]}
+                room = min(n_reserved, view.keep - len(protected))
+                by_range = sorted(everyone - protected, key=lambda i: -value_range[b, h, i])
+                heads.append(set(by_range[:room]))
+        out.append(heads)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["unprotected", "all"])
+def test_vase_attnv(mode: str) -> None:
+    policy = make_policy("vase-attnv", window=8, reserve=mode)
     view = random_view(policy, budget=64, buffer=8, n=60)
     scores = policy.score(view)
-    # reserve: the 4 sinks plus the largest value ranges, 64/4 = 16 slots per head
-    value_range = view.values.amax(-1) - view.values.amin(-1)
-    for b in range(view.keys.shape[0]):
-        for h in range(view.keys.shape[1]):
-            sinks = {i for i in range(view.num_candidates) if view.positions[b, h, i] < 4}
-            by_range = sorted(set(range(view.num_candidates)) - sinks, key=lambda i: -value_range[b, h, i])
-            reserved = sinks | set(by_range[: 16 - len(sinks)])
+    # reserve: 64/4 = 16 slots per head
+    for b, heads in enumerate(expected_reserve(view, mode)):
+        for h, reserved in enumerate(heads):
             assert {i for i in range(view.num_candidates) if scores[b, h, i] == float("inf")} == reserved
     # the rest: log(attention) + Gumbel noise from the row's generator
     attention = loop_window_attention(view.queries[:, :, -8:], view.keys, "avg5", "mean")
@@ -197,13 +219,42 @@ def test_vase_attnv() -> None:
     assert torch.allclose(scores[finite], expected[finite], atol=1e-4)
 
 
-def test_h2o_scores_its_accumulator() -> None:
-    policy = make_policy("h2o")
+def test_vase_attnv_spends_no_reserve_on_a_protected_prompt() -> None:
+    # the prompt's values have by far the largest ranges: VaSE's original reserve is all prompt tokens
+    # (which the protocol keeps anyway); the prompt-protected variant reserves generated tokens only
+    default, original = (
+        make_policy("vase-attnv", window=8),
+        make_policy("vase-attnv", window=8, reserve="all"),
+    )
+    view = random_view(default, budget=64, buffer=8, n=60, prompt_len=20)
+    loud = view.values.clone()
+    loud[..., :20, :] = torch.linspace(-100, 100, loud.shape[-1])  # range 200; the others' is below 30
+    view = dataclasses.replace(view, values=loud)
+    for b in range(view.keys.shape[0]):
+        for h in range(view.keys.shape[1]):
+            new = default.reserved(view)[b, h]
+            old = original.reserved(view)[b, h]
+            assert int(new.sum()) == 16 and not (new & view.protected[b, h]).any()
+            assert int(old.sum()) == int(old[:20].sum()) == 16  # prompt slots only: the reserve is wasted
+    # a prompt leaving less room than N_v: the reserve shrinks to K − B − P
+    crowded = random_view(default, budget=64, buffer=8, n=60, prompt_len=50)
+    assert default.reserved(crowded).sum(dim=-1).tolist() == [[6, 6], [6, 6]]
+
+
+def test_h2o_scores_its_accumulator_and_keeps_the_newest_by_recency() -> None:
     state = LayerState()
-    view = random_view(policy, state=state)
+    view = random_view(make_policy("h2o"), state=state)  # K = 32, B = 8
     acc = torch.rand(view.keys.shape[0], view.keys.shape[1], view.num_candidates + 8)
     state.register_slot("acc", acc)
-    assert torch.equal(policy.score(view), acc[..., : view.num_candidates])
+    assert torch.equal(make_policy("h2o", recent=0).score(view), acc[..., : view.num_candidates])
+    scores = make_policy("h2o").score(view)  # recent = 0.5: the newest 16 − 8 candidates by recency
+    for b in range(view.keys.shape[0]):
+        for h in range(view.keys.shape[1]):
+            newest = set(sorted(range(view.num_candidates), key=lambda i: -view.positions[b, h, i])[:8])
+            for i in range(view.num_candidates):
+                assert scores[b, h, i] == (float("inf") if i in newest else acc[b, h, i])
+    with pytest.raises(SpecError, match="recent"):
+        make_policy("h2o", recent=1.5)
 
 
 def test_triattention_matches_the_trigonometric_series() -> None:

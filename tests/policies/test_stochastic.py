@@ -135,9 +135,48 @@ def test_vase_attnv_always_keeps_the_largest_value_ranges() -> None:
         evictor = Evictor(policy, Schedule(budget=64, buffer=8), view.model, prompt_len=2, row_seeds=[1, 2])
         (kept,) = evictor.evict([layer], step=view.step, queries=[view.queries])
         value_range = view.values.amax(-1) - view.values.amin(-1)
-        top = value_range.masked_fill(view.positions < 4, float("inf")).topk(16, dim=-1).indices
+        top = value_range.masked_fill(view.protected, float("-inf")).topk(16, dim=-1).indices
         must_keep = torch.gather(view.positions, 2, top)
         assert (must_keep.unsqueeze(-1) == kept.positions.unsqueeze(-2)).any(-1).all()
+
+
+@pytest.mark.parametrize(("recent", "survives"), [(0.5, True), (0.0, False)])
+def test_h2o_a_token_younger_than_its_window_survives_its_first_event(recent: float, survives: bool) -> None:
+    # K = 64, B = 8: 64 candidates, 56 kept. The 40 oldest have accumulated much attention, the 24
+    # youngest little (the youngest least): by attention alone the youngest candidate goes first.
+    policy = make_policy("h2o", recent=recent)
+    model = synthetic_model(layers=1, q_heads=4, kv_heads=2, head_dim=16)
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.arange(72).expand(1, 2, 72)
+    layer = LayerKV(
+        torch.randn(1, 2, 72, 16, generator=gen), torch.randn(1, 2, 72, 16, generator=gen), positions
+    )
+    acc = torch.where(positions < 40, 100.0 + positions, 1.0 / (1.0 + positions)).float()
+    layer.state.register_slot("acc", acc)
+    evictor = Evictor(policy, Schedule(budget=64, buffer=8), model, prompt_len=2, row_seeds=[0])
+    (kept,) = evictor.evict([layer], step=72, queries=[None])
+    held = set(kept.positions[0, 0].tolist())
+    assert (63 in held) == survives
+    if survives:  # the window is the newest 32 slots, buffer included; heavy hitters fill the rest
+        assert set(range(40, 72)) <= held and len(held & set(range(40))) == 64 - 32
+    else:  # the 56 candidates with the most attention: the 40 old ones and the 16 oldest young ones
+        assert held == set(range(56)) | set(range(64, 72))
+
+
+@pytest.mark.parametrize("name", ["curdkv", "vase-dkv"])
+@pytest.mark.parametrize("sinks", [4, 0])
+def test_leverage_policies_keep_four_sinks_without_protection(name: str, sinks: int) -> None:
+    # the first 4 tokens have zero values, so zero leverage: only the policy's sinks keep them
+    policy = make_policy(name, sinks=sinks)
+    model = synthetic_model(layers=1, q_heads=4, kv_heads=2, head_dim=16)
+    keys, values = torch.randn(2, 2, 2, 72, 16, generator=torch.Generator().manual_seed(1))
+    values[:, :, :4] = 0.0
+    layer = LayerKV(keys, values, torch.arange(72).expand(2, 2, 72))
+    schedule = Schedule(budget=64, buffer=8, protection="none")
+    evictor = Evictor(policy, schedule, model, prompt_len=10, row_seeds=[0, 1])
+    (kept,) = evictor.evict([layer], step=72, queries=[None])
+    first = (kept.positions < 4).sum(dim=-1)
+    assert first.tolist() == ([[4, 4], [4, 4]] if sinks else [[0, 0], [0, 0]])
 
 
 def test_curdkv_keeps_its_projection_and_vase_dkv_redraws() -> None:
