@@ -73,6 +73,16 @@ class Generation:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Watch:
+    """Cached token positions whose survival a teacher-forced pass measures at one moment."""
+
+    positions: tuple[int, ...]
+    """Absolute positions of the watched tokens (a probe's needle)."""
+    at: int
+    """Continuation offset: measured in the cache that continuation token ``at`` attends to (the query)."""
+
+
 @dataclass
 class TeacherForced:
     logprobs: Tensor
@@ -86,6 +96,8 @@ class TeacherForced:
     eviction_events: int
     eviction_seconds: float
     peak_kv_bytes: int
+    survival: Tensor | None = None
+    """[k, L, Hkv] share of the watched positions held by each layer's KV head (when a Watch was given)."""
 
     def against_full(self) -> tuple[Tensor, Tensor]:
         """(kl_to_full, top1_agrees_with_full), which only a teacher-forced pass with a reference has."""
@@ -119,8 +131,10 @@ class Backend(Protocol):
         reference: bool = False,
         refuse_capped_prompt: bool = False,
         pinned: PinnedSlots | None = None,
+        watch: Watch | None = None,
     ) -> TeacherForced:
-        """Score ``continuation_ids`` after ``prompt_ids`` once per row seed, evicting on the schedule."""
+        """Score ``continuation_ids`` after ``prompt_ids`` once per row seed, evicting on the schedule;
+        with ``watch``, also which of its positions each layer's KV heads hold at its moment."""
         ...
 
     def generate(

@@ -14,6 +14,7 @@ import streamlit as st
 
 from kvbench.leaderboard import charts, queries
 from kvbench.results.stats import DRAWS
+from kvbench.results.summary import QUANTITIES
 
 DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
 DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"
@@ -63,11 +64,17 @@ def main() -> None:
         key="compression",
     )
     name = st.sidebar.text_input("policy name contains", key="name")
+    quantity = st.sidebar.selectbox(
+        "rank by",
+        list(QUANTITIES),
+        key="quantity",
+        help="the task's metric, or the probe answer's log-probability (paired and tested the same way)",
+    )
     st.sidebar.caption(f"database: {database} (read-only)")
     if protocol is None or compression is None:
         st.info(f"No budgeted runs for {model} yet.")
         return
-    table = query("leaderboard", model, protocol, compression, name, runtime, seed)
+    table = query("leaderboard", model, protocol, compression, name, runtime, seed, quantity)
     views = st.tabs(["Leaderboard", "Budget curves", "Efficiency", "Policy", "Provenance"])
     with views[0]:
         _leaderboard_view(table, model, protocol, compression)

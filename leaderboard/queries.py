@@ -160,6 +160,7 @@ def leaderboard(
     name: str = "",
     runtime: str | None = None,
     seed: int | None = None,
+    quantity: str = "score",
 ) -> Table:
     """Rows = policies (the null and the full cache included), columns = tasks and the pooled average.
 
@@ -176,7 +177,7 @@ def leaderboard(
             for r in stored_runs(con, model=model, protocol=protocol)
             if r.runtime == runtime and r.seed == seed and _in_table(r, compression)
         ]
-        summaries = summarize(con, [r.run_id for r in runs])
+        summaries = summarize(con, [r.run_id for r in runs], quantity)
     tasks = sorted({r.task for r in runs if r.role != "reference"})
     # the full cache serves every budget: only its runs on this table's tasks count here
     runs = [r for r in runs if r.task in tasks]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kvbench.adapters.base import Capabilities, Generation, Sample, Sampling, TeacherForced
+from kvbench.adapters.base import Capabilities, Generation, Sample, Sampling, TeacherForced, Watch
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.contract import Policy
 from kvbench.core.engine import PinnedSlots
@@ -87,12 +87,18 @@ class ToyBackend:
         reference: bool = False,
         refuse_capped_prompt: bool = False,
         pinned: PinnedSlots | None = None,
+        watch: Watch | None = None,
     ) -> TeacherForced:
         arms = [self._stream(prompt_ids, policy, schedule, row_seeds, calibration, pinned)]
         if reference:
             arms.append(self._stream(prompt_ids, make_policy("full"), schedule, row_seeds, None, None))
         predictions: list[list[Tensor]] = [[] for _ in arms]
+        survival = None
         for t, token in enumerate(continuation_ids):
+            if watch is not None and t == watch.at:  # the cache the watched token attends to
+                watched = torch.tensor(watch.positions)
+                held = [torch.isin(kv.positions, watched).sum(-1) / len(watched) for kv in arms[0].layers]
+                survival = torch.stack(held, dim=1).float()
             for stream, outputs in zip(arms, predictions, strict=True):
                 outputs.append(stream.logprobs())
                 if t < len(continuation_ids) - 1:
@@ -113,6 +119,7 @@ class ToyBackend:
             eviction_events=stats.events,
             eviction_seconds=stats.seconds,
             peak_kv_bytes=0,
+            survival=survival,
         )
 
     def generate(

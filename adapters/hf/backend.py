@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvbench.adapters.base import Capabilities, Generation, Sampling, TeacherForced
+from kvbench.adapters.base import Capabilities, Generation, Sampling, TeacherForced, Watch
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import NEEDS, ModelFacts, Policy
 from kvbench.core.engine import PinnedSlots
@@ -38,6 +38,7 @@ class HFBackend:
         reference: bool = False,
         refuse_capped_prompt: bool = False,
         pinned: PinnedSlots | None = None,
+        watch: Watch | None = None,
     ) -> TeacherForced:
         from kvbench.adapters.hf.teacher import teacher_force
 
@@ -52,6 +53,7 @@ class HFBackend:
             reference=reference,
             refuse_capped_prompt=refuse_capped_prompt,
             pinned=pinned,
+            watch=watch,
         )
 
     def generate(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kvbench.adapters.base import TeacherForced
+from kvbench.adapters.base import TeacherForced, Watch
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
@@ -58,10 +58,12 @@ def teacher_force(
     reference: bool = False,
     refuse_capped_prompt: bool = False,
     pinned: PinnedSlots | None = None,
+    watch: Watch | None = None,
 ) -> TeacherForced:
     """Score ``continuation_ids`` after ``prompt_ids`` for each row seed (rows differ in eviction draws).
 
-    ``chunk`` caps the tokens per forward (default B; 1 is token-by-token decoding).
+    ``chunk`` caps the tokens per forward (default B; 1 is token-by-token decoding). With ``watch``, a
+    chunk also ends where the watched moment begins, and the survival of its positions is read there.
     """
     device = loaded.device
     k, total = len(row_seeds), len(prompt_ids) + len(continuation_ids)
@@ -98,16 +100,21 @@ def teacher_force(
         predictions.append([last])
 
     policy_cache = streams[0].cache
+    survival = survival_of(policy_cache, watch) if watch is not None and watch.at == 0 else None
     fed, limit = 0, chunk or schedule.buffer
     while fed < len(cont) - 1:  # the last token is predicted, never fed
         size = min(limit, len(cont) - 1 - fed)
         if policy.evicts:
             size = min(size, schedule.tokens_until_due(policy_cache.stored))
+        if watch is not None and fed < watch.at:
+            size = min(size, watch.at - fed)
         tokens = cont[fed : fed + size].expand(k, -1)
         for stream, outputs in zip(streams, predictions, strict=True):
             outputs.append(stream.feed(tokens))
             stream.cache.evict_if_due()
         fed += size
+        if watch is not None and fed == watch.at:
+            survival = survival_of(policy_cache, watch)
 
     policy_logprobs = torch.cat(predictions[0], dim=1)  # [k, T, V]
     targets = cont.expand(k, -1).unsqueeze(-1)
@@ -124,4 +131,16 @@ def teacher_force(
         eviction_events=policy_cache.evictor.stats.events,
         eviction_seconds=policy_cache.evictor.stats.seconds,
         peak_kv_bytes=policy_cache.peak_bytes,
+        survival=survival,
     )
+
+
+def survival_of(cache: EvictingCache, watch: Watch) -> Tensor:
+    """[k, L, Hkv]: the share of the watched positions each layer's KV heads hold now."""
+    watched = torch.tensor(watch.positions, dtype=torch.long)
+    held = []
+    for layer in cache.evicting_layers:
+        positions = layer.slots.positions
+        present = torch.isin(positions, watched.to(positions.device))  # [k, Hkv, S]
+        held.append(present.sum(dim=-1).float() / len(watch.positions))
+    return torch.stack(held, dim=1).cpu()

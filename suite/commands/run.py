@@ -89,6 +89,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="NAME=TASK,TASK",
         help="also compare these tasks pooled, clustered by (task, problem) (repeatable)",
     )
+    cmp.add_argument(
+        "--metric",
+        choices=["score", "answer-logprob", "needle-survival", "needle-whole-layers"],
+        default="score",
+        help="rank and pair arms by the task's metric (default), or on needle probes by the answer's "
+        "log-probability, the share of the needle kept, or the share of layers holding all of it",
+    )
     cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
     cmp.set_defaults(func=compare_command)
 
@@ -273,7 +280,9 @@ def compare_command(args: argparse.Namespace) -> int:
             f"no results database at {args.db}: run `kvbench run` (or `kvbench ingest`) first"
         )
     pools = tuple(_parse_pool(text) for text in args.pool)
-    filters = Filters(args.model, args.task, args.protocol, args.budget, args.against, pools, args.seed)
+    filters = Filters(
+        args.model, args.task, args.protocol, args.budget, args.against, pools, args.seed, args.metric
+    )
     rows = compare(args.db, filters)
     if args.format != "table":
         print(render(rows, args.format))
@@ -281,7 +290,10 @@ def compare_command(args: argparse.Namespace) -> int:
     if not rows:
         console.print("no stored policy matches these filters with a baseline run beside it")
         return 0
-    print_comparison(rows, f"policies against {args.against} (Holm-corrected sign tests over problems)")
+    measured = "" if args.metric == "score" else f" by {args.metric}"
+    print_comparison(
+        rows, f"policies against {args.against}{measured} (Holm-corrected sign tests over problems)"
+    )
     return 0
 
 

@@ -101,12 +101,13 @@ def code_hash(cell: Cell) -> str:
 
 _OUTPUTS = """
 SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions,
-       output, secondary, no_answer, grader_version, answer_logprob, kl_to_full
+       output, secondary, no_answer, grader_version, answer_logprob, kl_to_full, needle_survival,
+       needle_whole_layers
 FROM samples WHERE run_id = ? ORDER BY problem_id, sample
 """
 # The measurements that have their own columns, under the names the digest has always used for them
 # (they were keys of `secondary` until schema 5): the reference's digests stay comparable.
-_MEASURED = ("no_answer", "grader", "answer_logprob", "kl_to_full")
+_MEASURED = ("no_answer", "grader", "answer_logprob", "kl_to_full", "needle_survival", "needle_whole_layers")
 
 
 def collect(cells: list[Cell], database: Path) -> list[CellResult]:
@@ -140,11 +141,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
 def outputs_digest(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
     """sha256 (16 hex digits) over a run's samples: what `kvbench check` compares with its reference."""
     digest = hashlib.sha256()
-    for problem, sample, metric, *verdict_to_output, secondary, no_answer, grader, logprob, kl in con.execute(
-        _OUTPUTS, [run_id]
-    ).fetchall():
+    for row in con.execute(_OUTPUTS, [run_id]).fetchall():
+        problem, sample, metric, *verdict_to_output, secondary = row[: -len(_MEASURED)]
         rounded = None if metric is None else round(metric, 12)
-        measured = dict(zip(_MEASURED, (no_answer, grader, logprob, kl), strict=True))
+        measured = dict(zip(_MEASURED, row[-len(_MEASURED) :], strict=True))
         present = {k: v for k, v in measured.items() if v is not None}
         # correct, strict_correct, finish_reason, generated_tokens, evictions, output: in _OUTPUTS' order
         fields = (problem, sample, rounded, *verdict_to_output, _measurements(secondary, present))

@@ -32,6 +32,8 @@ class Filters:
     pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
     seed: int | None = None
     """Only runs under this protocol seed (``kvbench run``'s own tables)."""
+    quantity: str = "score"
+    """What arms are ranked and paired by: a name in kvbench.results.summary.QUANTITIES."""
     """Declared task groups, (name, tasks): each also compared pooled, when every task has the arms."""
 
 
@@ -74,7 +76,7 @@ def compare(database: Path, filters: Filters) -> list[dict]:
     try:
         # every filter is a bound parameter: widget or CLI values never become SQL
         runs = stored_runs(con, model=filters.model, protocol=filters.protocol)
-        summaries = summarize(con, [r.run_id for r in runs])
+        summaries = summarize(con, [r.run_id for r in runs], filters.quantity)
     finally:
         con.close()
     runs = [r for r in runs if filters.seed is None or r.seed == filters.seed]

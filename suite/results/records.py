@@ -15,7 +15,7 @@ import pyarrow as pa
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
 
 
@@ -30,6 +30,8 @@ class Column:
 INT32 = Column(pa.int32(), "INTEGER")
 JSON = Column(pa.string(), "JSON")
 """A JSON document, a string in the shards."""
+FLOATS = Column(pa.list_(pa.float32()), "FLOAT[]")
+"""A short array of numbers (one per layer and KV head)."""
 _BY_TYPE = {
     str: Column(pa.string(), "VARCHAR"),
     int: Column(pa.int64(), "BIGINT"),
@@ -74,6 +76,13 @@ class SampleRecord(BaseModel):
     """Needle probes: the log-probability of the answer's tokens under the evicted cache."""
     kl_to_full: float | None = None
     """Fidelity probe: mean KL divergence from the full cache's next-token distribution."""
+    needle_survival: float | None = None
+    """Needle probes: the share of the needle's tokens held, averaged over layers and KV heads, in the
+    cache the query's first token attends to."""
+    needle_whole_layers: float | None = None
+    """Needle probes: the share of layers in which at least one KV head holds the whole needle."""
+    needle_survival_by_head: Annotated[list[float] | None, FLOATS] = None
+    """Needle probes: the share held by each KV head, layer-major ([L × Hkv] flattened)."""
     eviction_seconds: float
     """Time spent choosing what to evict, this sample's share of its batch."""
     secondary: Annotated[dict[str, Any], JSON] = pydantic.Field(default_factory=dict)

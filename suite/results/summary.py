@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from kvbench.errors import UnknownNameError
+
 T = TypeVar("T", bound=Sequence[Any])
 
 
@@ -19,7 +21,8 @@ T = TypeVar("T", bound=Sequence[Any])
 class CellSummary:
     run_id: str
     scores: dict[str, float] = field(default_factory=dict)
-    """Problem id -> mean of its samples' metric (pass@1 for graded tasks, the probe's metric otherwise)."""
+    """Problem id -> mean of its samples' metric (pass@1 for graded tasks, the probe's metric otherwise),
+    or of the quantity summarized (QUANTITIES)."""
     strict: dict[str, float] = field(default_factory=dict)
     """Problem id -> share of its samples correct *and* finished before the token cap."""
     samples: int = 0
@@ -28,8 +31,19 @@ class CellSummary:
     mean_generated_tokens: float = float("nan")
 
 
+QUANTITIES = {
+    "score": "metric",
+    "answer-logprob": "answer_logprob",
+    "needle-survival": "needle_survival",
+    "needle-whole-layers": "needle_whole_layers",
+}
+"""What a table can rank arms by (higher is better), by name -> its column in the samples table: the
+task's own metric; on the needle probes, the answer's log-probability under the policy's cache, the
+share of the needle each layer's KV heads kept, and the share of layers with one head holding it all
+(informative where exact retrieval is 0 for every evicting policy)."""
+
 _QUERY = """
-SELECT run_id, problem_id, avg(metric), avg(strict_correct::INTEGER), count(*),
+SELECT run_id, problem_id, avg({quantity}), avg(strict_correct::INTEGER), count(*),
        sum((finish_reason = 'length')::INTEGER),
        sum(coalesce(no_answer, false)::INTEGER),
        sum(generated_tokens)
@@ -37,13 +51,19 @@ FROM samples WHERE list_contains(?, run_id) GROUP BY run_id, problem_id
 """
 
 
-def summarize(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> dict[str, CellSummary]:
-    """One summary per run id (empty for a run without samples), from one parameterised query."""
+def summarize(
+    con: duckdb.DuckDBPyConnection, run_ids: Iterable[str], quantity: str = "score"
+) -> dict[str, CellSummary]:
+    """One summary per run id (empty for a run without samples), from one parameterised query; its
+    per-problem scores are the means of ``quantity`` (one of QUANTITIES)."""
+    if quantity not in QUANTITIES:
+        raise UnknownNameError("quantity", quantity, list(QUANTITIES))
+    query = _QUERY.format(quantity=QUANTITIES[quantity])  # a column name from the table above, never input
     run_ids = list(dict.fromkeys(run_ids))
     parts: dict[str, dict] = {
         r: {"scores": {}, "strict": {}, "n": 0, "cut": 0, "none": 0, "tokens": 0} for r in run_ids
     }
-    for run_id, problem, metric, strict, n, cut, none, tokens in con.execute(_QUERY, [run_ids]).fetchall():
+    for run_id, problem, metric, strict, n, cut, none, tokens in con.execute(query, [run_ids]).fetchall():
         part = parts[run_id]
         if metric is not None:  # a problem none of whose samples has a metric is not scored
             part["scores"][problem] = float(metric)

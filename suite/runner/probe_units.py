@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kvbench.adapters.base import Backend
+from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.results.records import SampleRecord
@@ -61,6 +61,9 @@ def score_probe(
         positions = torch.tensor([len(prompt) + i for i in where["needle"]])
         pinned = PinnedSlots(positions, heads)
     fidelity = source.probe == "fidelity"
+    needle = tuple(len(prompt) + i for i in where.get("needle", ()))
+    # the needle's survival is read in the cache the query's first token attends to
+    watch = None if fidelity else Watch(needle, where["query"][0])
     result = backend.teacher_force(
         prompt,
         continuation,
@@ -71,6 +74,7 @@ def score_probe(
         reference=fidelity,
         refuse_capped_prompt=True,
         pinned=pinned,
+        watch=watch,
     )
     seconds = (time.perf_counter() - started) / len(seeds)
     rows = []
@@ -90,6 +94,11 @@ def score_probe(
             exact = bool(result.greedy_match[i, answer].all())
             metric, correct = float(exact), exact
             measured["answer_logprob"] = float(result.logprobs[i, answer].sum())
+            if result.survival is not None:
+                held = result.survival[i]  # [L, Hkv]
+                measured["needle_survival"] = float(held.mean())
+                measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
+                measured["needle_survival_by_head"] = held.flatten().tolist()
             secondary = {"answer_tokens": len(answer), "depth": source.depth}
         rows.append(
             SampleRecord(

@@ -41,19 +41,23 @@ _PROMOTED = {
 
 
 # what every shard since schema 4 holds; the rest of the current schema may be derived by upgrade()
-_REQUIRED = [name for name in SAMPLE_SCHEMA.names if name not in _PROMOTED.values()]
+ADDED_IN_6 = ("needle_survival", "needle_whole_layers", "needle_survival_by_head")
+"""Columns schema 6 added; older shards read them as missing (None)."""
+_REQUIRED = [name for name in SAMPLE_SCHEMA.names if name not in (*_PROMOTED.values(), *ADDED_IN_6)]
 
 
 def upgrade(table: pa.Table) -> pa.Table:
-    """A shard's rows in the current sample schema; a shard written before its measurements became columns
-    (schema 4) has them moved out of ``secondary``, values unchanged."""
+    """A shard's rows in the current sample schema: a shard written before its measurements became columns
+    (schema 4) has them moved out of ``secondary``, values unchanged; columns added later (schema 6's
+    needle survival) read as missing."""
     if set(SAMPLE_SCHEMA.names) <= set(table.column_names):
         return table.select(SAMPLE_SCHEMA.names).cast(SAMPLE_SCHEMA)
     rows = table.to_pylist()
     for row in rows:
         extra = json.loads(row.get("secondary") or "{}")
         for key, name in _PROMOTED.items():
-            row[name] = extra.pop(key, None)
+            if name not in row:  # schema 4 kept it in `secondary`
+                row[name] = extra.pop(key, None)
         row["eviction_seconds"] = row["eviction_seconds"] or 0.0
         row["secondary"] = json.dumps(extra)
         row.setdefault("reason", None)

@@ -22,6 +22,7 @@ from kvbench.results import records
 from kvbench.results.check import outputs_digest
 from kvbench.results.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
 from kvbench.runner.ingest import SCHEMA
+from kvbench.runner.store import ADDED_IN_6, upgrade
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
@@ -66,6 +67,21 @@ def test_a_record_refuses_a_misspelt_field() -> None:
             correct=True, strict_correct=True, finish_reason="stop", generated_tokens=1, evictions=0,
             eviction_seconds=0.0, output=None, wall_seconds=0.0, grader_verison="math-1",
         )  # fmt: skip
+
+
+def test_a_schema_5_shard_keeps_its_columns_and_reads_no_survival() -> None:
+    record = SampleRecord(
+        run_id="r", task="passkey", problem_id="p", problem_hash="h", sample=0, seed=3, metric=0.0,
+        correct=False, strict_correct=False, finish_reason="teacher-forced", generated_tokens=9, evictions=2,
+        eviction_seconds=0.5, output=None, wall_seconds=1.0, answer_logprob=-12.5, no_answer=True,
+        grader_version="math-1", needle_survival=0.25, needle_whole_layers=0.5,
+        needle_survival_by_head=[0.0, 0.5, 0.25, 0.25],
+    )  # fmt: skip
+    table = pa.Table.from_pylist([record.row()], schema=records.SAMPLE_SCHEMA)
+    assert upgrade(table).to_pylist() == [record.row()]  # the current schema reads back unchanged
+    v5 = table.drop_columns(list(ADDED_IN_6))
+    (row,) = upgrade(v5).to_pylist()
+    assert row == record.row() | dict.fromkeys(ADDED_IN_6)  # measured columns kept, survival unknown
 
 
 def old_values(database: Path) -> list[tuple[Any, ...]]:
@@ -128,7 +144,7 @@ def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) ->
 
     refused = subprocess.run([KVBENCH, "ingest"], capture_output=True, text=True, cwd=tmp_path)
     assert refused.returncode != 0
-    assert "schema 4, this kvbench writes 5" in refused.stderr
+    assert f"schema 4, this kvbench writes {records.SCHEMA_VERSION}" in refused.stderr
     assert "kvbench ingest --rebuild --out runs" in refused.stderr
     assert old_values(runs / "kvbench.duckdb") == expected  # the refused database is left as it was
 
@@ -136,7 +152,9 @@ def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) ->
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert new_values(runs / "kvbench.duckdb") == expected
     con = duckdb.connect(str(runs / "kvbench.duckdb"), read_only=True)
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+        str(records.SCHEMA_VERSION),
+    )
     assert con.execute("SELECT count(*) FROM runs").fetchone() == (9,)
     assert con.execute("SELECT count(*) FROM runs WHERE policy_doc IS NULL").fetchone() == (9,)
     con.close()

@@ -74,7 +74,7 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
     import subprocess
 
     stored = {}
-    for pins in (0, tiny.facts.num_kv_heads):
+    for pins in (0, 1, tiny.facts.num_kv_heads):
         task = tmp_path / f"planted-pin{pins}.yaml"
         task.write_text(TASK.format(name=f"planted-pin{pins}", pins=pins))
         result = subprocess.run(
@@ -102,7 +102,8 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
         assert result.returncode == 0, result.stderr
         con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
         stored[pins] = con.execute(
-            "SELECT s.answer_logprob, r.run_id FROM samples s JOIN runs r USING (run_id) WHERE r.task = ?",
+            "SELECT s.answer_logprob, r.run_id, s.needle_survival_by_head, s.needle_survival "
+            "FROM samples s JOIN runs r USING (run_id) WHERE r.task = ?",
             [f"planted-pin{pins}"],
         ).fetchall()
         con.close()
@@ -124,3 +125,9 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
     assert stored[0][0][0] == pytest.approx(free, abs=1e-3)
     assert stored[tiny.facts.num_kv_heads][0][0] == pytest.approx(kept, abs=1e-3)
     assert stored[0][0][1] != stored[tiny.facts.num_kv_heads][0][1]  # pin_heads is part of the identity
+    # the needle's survival at the query, per layer and KV head (layer-major): pinned heads hold all of it
+    heads, layers = tiny.facts.num_kv_heads, tiny.facts.num_layers
+    assert stored[heads][0][2] == [1.0] * (layers * heads) and stored[heads][0][3] == 1.0
+    one = [stored[1][0][2][layer * heads : (layer + 1) * heads] for layer in range(layers)]
+    assert all(per_head[0] == 1.0 and per_head[1] < 1.0 for per_head in one)
+    assert all(value < 1.0 for value in stored[0][0][2])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.adapters.base import Watch
 from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.core.engine import PinnedSlots
 from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
 from support import make_calibration
@@ -69,3 +71,34 @@ def test_reference_distribution_kl_and_top1(tiny: LoadedModel) -> None:
     before_first_event = 64 + 16 - len(prompt)
     assert evicted.kl_to_full[:, :before_first_event].abs().max() < 1e-5  # identical caches until then
     assert evicted.kl_to_full[:, before_first_event:].mean() > 0.01
+
+
+@pytest.mark.parametrize("pin_first_head", [False, True])
+def test_needle_survival_counts_the_watched_positions_held(tiny: LoadedModel, pin_first_head: bool) -> None:
+    """Streaming keeps the protected prompt and the newest tokens, so which watched tokens the cache holds
+    when the query begins follows from the schedule alone: K + B slots trigger an event that keeps K."""
+    prompt, cont = tiny.prompt_ids("survival"), _continuation(300)
+    budget, buffer, at = SCHEDULE.budget, SCHEDULE.buffer, 200
+    seen = len(prompt) + at  # tokens in the cache the query's first token attends to
+    stored = seen if seen < budget + buffer else budget + (seen - budget) % buffer
+    window = range(seen - (stored - len(prompt)), seen)  # the newest tokens held beside the prompt
+    needle = tuple(range(window.start - 3, window.start + 5))  # 3 evicted, 5 held
+    heads = torch.tensor([pin_first_head, False])
+    pinned = PinnedSlots(torch.tensor(needle), heads) if pin_first_head else None
+    forced = teacher_force(
+        tiny,
+        prompt,
+        cont,
+        make_policy("streaming"),
+        SCHEDULE,
+        row_seeds=[0],
+        pinned=pinned,
+        watch=Watch(needle, at),
+    )
+    expected = torch.tensor([1.0 if pin_first_head else 5 / 8, 5 / 8]).expand(1, tiny.facts.num_layers, 2)
+    assert torch.equal(forced.survival, expected)
+    plain = teacher_force(
+        tiny, prompt, cont, make_policy("streaming"), SCHEDULE, row_seeds=[0], pinned=pinned
+    )
+    assert plain.survival is None
+    assert torch.allclose(plain.logprobs, forced.logprobs, atol=1e-4, rtol=0)  # the extra cut changes nothing
