@@ -107,3 +107,13 @@ class RecordingBackend(SyntheticBackend):
         """All keys, values [B, Hkv, seen, D] and queries [B, Hq, seen, D] of ``layer``, in position order."""
         calls = self.history[layer :: self.model.num_layers]
         return tuple(torch.cat([call[i] for call in calls], dim=2) for i in range(3))
+
+
+def holm_by_definition(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment written from its definition, to check the library's against."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, (len(p_values) - rank) * p_values[i])
+        adjusted[i] = min(1.0, running)
+    return adjusted

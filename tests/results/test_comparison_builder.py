@@ -22,6 +22,7 @@ from scipy.stats import binomtest
 from kvbench.results.comparison import NO_BASELINE, common_tasks, compare_table, stored_runs
 from kvbench.results.summary import summarize
 from kvbench.runner.ingest import SCHEMA
+from support import holm_by_definition
 
 PROBLEMS = {"t1": 22, "t2": 9, "t3": 3}
 BUDGETS = {"t1": (50, 200.0), "t2": (30, 100.0), "t3": (20, 40.0)}  # (K, N_avg): K/N_avg 0.25 and 0.3
@@ -117,16 +118,6 @@ def sql_pairs(
     ).fetchone()
 
 
-def holm(p_values: list[float]) -> list[float]:
-    """Holm's step-down adjustment, written from its definition."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, (len(p_values) - rank) * p_values[i])
-        adjusted[i] = min(1.0, running)
-    return adjusted
-
-
 def test_stored_runs_filters_and_orders(con: duckdb.DuckDBPyConnection) -> None:
     everything = stored_runs(con)
     assert [r.run_id for r in everything] == list(RUNS)
@@ -187,7 +178,9 @@ def test_arms_are_paired_with_the_null_and_holm_corrected_together(con: duckdb.D
     null, full = ARMS["random", "null"], ARMS["full", "reference"]
     sql = {key: sql_pairs(con, ARMS[key], null) for key in PAIRED}
     raw = [binomtest(wins, wins + losses, 0.5).pvalue for _, wins, losses, _ in sql.values()]
-    for (key, (delta, wins, losses, shared)), p_raw, p_holm in zip(sql.items(), raw, holm(raw), strict=True):
+    for (key, (delta, wins, losses, shared)), p_raw, p_holm in zip(
+        sql.items(), raw, holm_by_definition(raw), strict=True
+    ):
         test = arms[key].test
         assert (test.wins, test.losses, test.ties) == (wins, losses, shared - wins - losses)
         assert test.difference.value == pytest.approx(delta, abs=1e-12)
@@ -198,7 +191,7 @@ def test_arms_are_paired_with_the_null_and_holm_corrected_together(con: duckdb.D
         assert arms[key].verdict == expected
     # the store was drawn so that both directions and a tie appear
     assert [arms[k].verdict for k in PAIRED] == ["ties null", "beats null", "loses to null"]
-    assert len(set(raw)) == 3 and holm(raw) != raw
+    assert len(set(raw)) == 3 and holm_by_definition(raw) != raw
     # the null is the baseline, not the random policy run made before it, and is not tested against itself
     assert arms["random", "null"].test is None and arms["random", "null"].vs_baseline is None
     assert arms["random", "null"].verdict is None

@@ -16,6 +16,7 @@ from kvbench.errors import UnknownNameError
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.queries import Compression
 from kvbench.results.summary import QUANTITIES, summarize
+from support import holm_by_definition
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 POLICIES = ("snapkv", "h2o", "streaming")
@@ -50,15 +51,6 @@ def sql_pairs(database: Path, policy: str) -> tuple[float, int, int]:
     return found
 
 
-def holm(p_values: list[float]) -> list[float]:
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, (len(p_values) - rank) * p_values[i])
-        adjusted[i] = min(1.0, running)
-    return adjusted
-
-
 def test_compare_and_the_leaderboard_pair_on_the_answer_logprob(root: Path) -> None:
     database, snapshot = root / "runs" / "kvbench.duckdb", root / "runs" / "kvbench.snapshot.duckdb"
     done = subprocess.run(
@@ -71,7 +63,9 @@ def test_compare_and_the_leaderboard_pair_on_the_answer_logprob(root: Path) -> N
     assert done.returncode == 0, done.stderr
     rows = {r["policy"]: r for r in json.loads(done.stdout)}
     expected = {policy: sql_pairs(database, policy) for policy in POLICIES}
-    adjusted = holm([binomtest(w, w + lo, 0.5).pvalue if w + lo else 1.0 for _, w, lo in expected.values()])
+    adjusted = holm_by_definition(
+        [binomtest(w, w + lo, 0.5).pvalue if w + lo else 1.0 for _, w, lo in expected.values()]
+    )
     board = queries.leaderboard(
         snapshot, "tiny-qwen3", "protect-prompt", Compression(4.0, None), quantity="answer-logprob"
     ).frame.set_index("policy")
