@@ -55,13 +55,12 @@ def score_probe(
     started = time.perf_counter()
     prompt, continuation, where = encode_problem(problem, backend)
     source = cell.task.probe
+    needle = tuple(len(prompt) + i for i in where.get("needle", ()))
     pinned = None
     if source.pin_heads is not None:
         heads = torch.arange(backend.facts.num_kv_heads) < source.pin_heads
-        positions = torch.tensor([len(prompt) + i for i in where["needle"]])
-        pinned = PinnedSlots(positions, heads)
+        pinned = PinnedSlots(torch.tensor(needle), heads)
     fidelity = source.probe == "fidelity"
-    needle = tuple(len(prompt) + i for i in where.get("needle", ()))
     # the needle's survival is read in the cache the query's first token attends to
     watch = None if fidelity else Watch(needle, where["query"][0])
     result = backend.teacher_force(
