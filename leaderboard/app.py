@@ -79,7 +79,7 @@ def main() -> None:
     with views[0]:
         _leaderboard_view(table, model, protocol, compression)
     with views[1]:
-        _curves_view(query, model, protocol, runtime, seed)
+        _curves_view(query, model, protocol, runtime, seed, quantity)
     with views[2]:
         _efficiency_view(query, model, table)
     with views[3]:
@@ -133,17 +133,22 @@ def _leaderboard_view(table: queries.Table, model: str, protocol: str, compressi
     st.caption(f"{METHOD} The average covers the tasks every arm here ran: {over}.")
 
 
-def _curves_view(query, model: str, protocol: str, runtime: str | None, seed: int | None) -> None:
+def _curves_view(
+    query, model: str, protocol: str, runtime: str | None, seed: int | None, quantity: str
+) -> None:
     tasks = query("tasks", model, protocol)
     task = st.selectbox(
         "task", [None, *tasks], format_func=lambda t: t or "all tasks, pooled", key="curve_task"
     )
-    curves = query("budget_curves", model, protocol, task, runtime, seed)
+    curves = query("budget_curves", model, protocol, task, runtime, seed, quantity)
     if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
-        st.info("No ratio-based runs: run a suite with `ratios:` (e.g. `kvbench run --suite probes`).")
+        st.info(
+            f"No ratio-based runs with {quantity}: run a suite with `ratios:` "
+            "(e.g. `kvbench run --suite probes`)."
+        )
         return
-    title = f"{model}, {task or 'all tasks pooled'}: score against compression"
-    st.plotly_chart(charts.budget_curves(curves, title), key="curves")
+    title = f"{model}, {task or 'all tasks pooled'}: {quantity} against compression"
+    st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
 
 
 def _efficiency_view(query, model: str, table: queries.Table) -> None:

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 NULL_BAND = "Random Attention (null) 95% CI"
 
 
-def budget_curves(curves: pd.DataFrame, title: str) -> go.Figure:
+def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> go.Figure:
     """One line per policy over the compression ratio, the null as a shaded band, full cache as a line."""
     figure = go.Figure()
     swept = curves[curves["ratio"].notna()].sort_values("ratio")
@@ -54,7 +54,7 @@ def budget_curves(curves: pd.DataFrame, title: str) -> go.Figure:
                 line={"dash": "dash", "color": "black"},
             )
         )
-    figure.update_layout(title=title, xaxis_title="compression ratio (N_avg / K)", yaxis_title="score")
+    figure.update_layout(title=title, xaxis_title="compression ratio (N_avg / K)", yaxis_title=quantity)
     figure.update_xaxes(type="log", tickvals=[2, 4, 8, 16], ticktext=["2x", "4x", "8x", "16x"])
     return figure
 

@@ -249,8 +249,10 @@ def budget_curves(
     task: str | None = None,
     runtime: str | None = None,
     seed: int | None = None,
+    quantity: str = "score",
 ) -> pd.DataFrame:
-    """Score against compression ratio per arm (pooled over tasks unless one is given), with 95% CIs.
+    """Score (or another of QUANTITIES) against compression ratio per arm, pooled over the tasks that have
+    it unless one is given, with 95% CIs.
 
     An arm is a policy with its parameters: a policy run with two settings draws two lines, labelled by
     their parameters. The full cache has no ratio: it appears once, with ``ratio`` missing, to be drawn
@@ -260,7 +262,7 @@ def budget_curves(
         runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
         found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, task, task]).fetchall()
         runs = [_CurveRun(*row) for row in found]
-        summaries = summarize(con, [r.run_id for r in runs])
+        summaries = summarize(con, [r.run_id for r in runs], quantity)
     runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
     swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}

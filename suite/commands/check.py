@@ -76,7 +76,8 @@ def check_command(args: argparse.Namespace) -> int:
     cells = plan(RunRequest(suite=args.suite))
     with tempfile.TemporaryDirectory(prefix="kvbench-check-") as scratch:
         out = args.out or Path(scratch)
-        timings = run_cells(cells, out, progress=not args.quiet)
+        completed = run_cells(cells, out, progress=not args.quiet)
+        cells, timings = completed.cells, completed.timings
         results = collect(cells, ingest(out).snapshot)
     console.print(
         f"suite {suite.name}: {len(cells)} cells, {timings.computed} problems computed, "

@@ -124,8 +124,8 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.runner.plan import plan
 
     started = time.perf_counter()
-    cells = plan(run_request(args))
-    timings = run_cells(cells, args.out, progress=not args.quiet)
+    completed = run_cells(plan(run_request(args)), args.out, progress=not args.quiet)
+    cells, timings = completed.cells, completed.timings
     ingest_started = time.perf_counter()
     report = ingest(args.out)
     timings.ingest = time.perf_counter() - ingest_started
@@ -133,6 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
     generated = {c.task.name for c in cells if c.task.grader != "probe"}
     for model, task in dict.fromkeys((r.model, r.task) for r in rows):
         print_table([r for r in rows if (r.model, r.task) == (model, task)], generated=task in generated)
+        print_measured_n_avg([c for c in cells if (c.model.name, c.task.name) == (model, task)])
     print_task_groups(args, cells, rows, report.snapshot)
     wall = time.perf_counter() - started
     console.print(
@@ -230,6 +231,19 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
         f"power note: with {head.problems} problems a sign test detects (80% power, 5% level) only policies "
         f"that win at least {0.5 + resolvable_difference(head.problems):.0%} of the problems they do not tie"
     )
+
+
+def print_measured_n_avg(group: list[Cell]) -> None:
+    """Where K came from when it followed the full cache's measured N_avg."""
+    measured = [c.resolved["n_avg_measurement"] for c in group if "n_avg_measurement" in c.resolved]
+    for measurement in dict.fromkeys(json.dumps(m, sort_keys=True) for m in measured):
+        m = json.loads(measurement)
+        declared = "none" if m["declared"] is None else f"{m['declared']:g}"
+        console.print(
+            f"K = N_avg/ratio with N_avg = {m['measured']:.1f} tokens, the full cache's mean generated "
+            f"length over {m['problems']} problems ({m['samples']} samples; run {m['reference_run']}); "
+            f"the task's declared estimate: {declared}"
+        )
 
 
 def print_task_groups(

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
 
 
@@ -122,6 +122,12 @@ class RunRecord(BaseModel):
     """K in tokens per KV head; None for the full cache."""
     buffer: Annotated[int, INT32]
     n_avg: float | None
+    """The N_avg K was set from: measured on the full-cache arm for ratio budgets on generation tasks,
+    else the task's declared value (a probe's trace length)."""
+    n_avg_declared: float | None = None
+    """The task's declared ``n_avg`` for this model: the planning estimate."""
+    n_avg_measured_on: str | None = None
+    """The run id of the full-cache arm whose mean generated length is ``n_avg``; None when declared."""
     ratio: float | None
     samples_per_problem: Annotated[int, INT32]
     protocol_seed: int
@@ -142,6 +148,7 @@ class RunRecord(BaseModel):
         git = manifest.get("git") or {}
         # a run planned before the runtime joined the identity ran with the hf adapter's defaults
         runtime = spec.get("runtime") or {"adapter": "hf", "device": "cpu", "attention": "sdpa"}
+        measurement = spec.get("n_avg_measurement")
         return cls(
             run_id=manifest["run_id"],
             role=manifest.get("role"),
@@ -161,6 +168,8 @@ class RunRecord(BaseModel):
             budget=spec["budget"],
             buffer=protocol["buffer"],
             n_avg=spec["n_avg"],
+            n_avg_declared=measurement["declared"] if measurement else spec["n_avg"],
+            n_avg_measured_on=measurement["reference_run"] if measurement else None,
             ratio=spec["ratio"],
             samples_per_problem=spec["samples"],
             protocol_seed=protocol["seed"],

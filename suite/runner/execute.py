@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kvbench.adapters.base import Backend, find_adapter
 from kvbench.core.calibration import QueryStats
@@ -18,6 +18,7 @@ from kvbench.probes.problems import ProbeProblem
 from kvbench.provenance import provenance
 from kvbench.registry import policy_documentation
 from kvbench.results.records import SampleRecord
+from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
@@ -85,19 +86,31 @@ def check_cells(cells: Sequence[Cell], backend: Backend, problems: dict[str, lis
             )
 
 
-def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Timings:
-    """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems."""
+@dataclass(frozen=True)
+class Completed:
+    cells: list[Cell]
+    """The cells as they ran: a budget that followed a measured N_avg is settled (its final identity)."""
+    timings: Timings
+
+
+def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Completed:
+    """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems.
+
+    Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
+    """
+    check_measurable(cells, out)
     timings = Timings()
     calibrations: dict[str, QueryStats] = {}
     graders = Graders()
+    ran: dict[str, Cell] = {}
     try:
         for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
             model_cells = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
             extra = provenance(runtime.device)
-            _run_model(model_cells, out, progress, extra, calibrations, timings, graders)
+            ran |= _run_model(model_cells, out, progress, extra, calibrations, timings, graders)
     finally:
         graders.close()
-    return timings
+    return Completed(cells=[ran[c.run_id] for c in cells], timings=timings)
 
 
 class Graders:
@@ -141,40 +154,69 @@ def _run_model(
     calibrations: dict,
     timings: Timings,
     graders: Graders,
-) -> None:
+) -> dict[str, Cell]:
+    """Run one model's cells; returns each planned cell's run id -> the cell as it ran."""
     spec, runtime = model_cells[0].model, model_cells[0].runtime
-    model_name = spec.name
     started = time.perf_counter()
     adapter = find_adapter(runtime.adapter)
     backend = adapter.load(spec, device=runtime.device, attention=runtime.attention, progress=progress)
     timings.model_load += time.perf_counter() - started
     problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
-    check_cells(model_cells, backend, problems)
+    ready = [c for c in model_cells if c.pending is None]
+    check_cells(ready, backend, problems)
     total = sum(len(problems[c.task.name]) for c in model_cells)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=True) as bar:
-        task = bar.add_task(model_name, total=total)
-        for cell in model_cells:
-            store = ShardStore(out, cell.run_id)
-            documented = {
-                "role": cell.role,
-                "label": cell.label,
-                "policy_doc": policy_documentation(cell.policy),
-                "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
-            }
-            store.write_manifest(cell.resolved, {**extra, **documented})
-            calibration = _calibration(cell, backend, calibrations, timings)
-            for problem in problems[cell.task.name]:
-                bar.update(task, description=f"{cell.label} {problem.problem_id}")
-                if store.has(problem.problem_id):
-                    timings.reused += 1
-                else:
-                    started = time.perf_counter()
-                    rows = _score(cell, backend, problem, calibration, graders)
-                    store.write(problem.problem_id, rows)
-                    spent = time.perf_counter() - started
-                    timings.eviction += sum(r.eviction_seconds for r in rows)
-                    timings.units += spent
-                    timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
-                    timings.computed += 1
-                bar.advance(task)
+        running = _ModelRun(
+            backend, out, extra, calibrations, timings, graders, bar, bar.add_task(spec.name, total=total)
+        )
+        for cell in ready:  # the full arms among them, whose lengths set the pending budgets
+            running.run(cell, problems[cell.task.name])
+        ids = {name: [p.problem_id for p in found] for name, found in problems.items()}
+        as_ran = settle_all(model_cells, out, ids)
+        settled = [after for before, after in zip(model_cells, as_ran, strict=True) if before.pending]
+        check_cells(settled, backend, problems)
+        for cell in settled:
+            running.run(cell, problems[cell.task.name])
+    return {before.run_id: after for before, after in zip(model_cells, as_ran, strict=True)}
+
+
+@dataclass
+class _ModelRun:
+    """What every cell of one loaded model shares while it runs."""
+
+    backend: Backend
+    out: Path
+    provenance: dict
+    calibrations: dict
+    timings: Timings
+    graders: Graders
+    bar: Progress
+    bar_task: TaskID
+
+    def run(self, cell: Cell, problems: list) -> None:
+        """Score every problem the cell has not stored; each problem's shard is written whole."""
+        store = ShardStore(self.out, cell.run_id)
+        documented = {
+            "role": cell.role,
+            "label": cell.label,
+            "policy_doc": policy_documentation(cell.policy),
+            "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
+        }
+        store.write_manifest(cell.resolved, {**self.provenance, **documented})
+        timings = self.timings
+        calibration = _calibration(cell, self.backend, self.calibrations, timings)
+        for problem in problems:
+            self.bar.update(self.bar_task, description=f"{cell.label} {problem.problem_id}")
+            if store.has(problem.problem_id):
+                timings.reused += 1
+            else:
+                started = time.perf_counter()
+                rows = _score(cell, self.backend, problem, calibration, self.graders)
+                store.write(problem.problem_id, rows)
+                spent = time.perf_counter() - started
+                timings.eviction += sum(r.eviction_seconds for r in rows)
+                timings.units += spent
+                timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
+                timings.computed += 1
+            self.bar.advance(self.bar_task)

@@ -7,6 +7,7 @@ the same identity are reused, never recomputed; anything that changes a result c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -28,6 +29,18 @@ RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
 
 Role = Literal["policy", "null", "reference"]
+
+
+@dataclass(frozen=True)
+class PendingBudget:
+    """K = N_avg / ratio where N_avg is the full-cache arm's mean generated length, measured when that arm
+    has run (kvbench.runner.budgets settles the cell then)."""
+
+    reference_run: str
+    """The run id of the full-cache arm of this model and task, planned beside the cell."""
+    key: str
+    """The measurement's name: the full arm's identity without its problem limit and samples, so that an
+    extended run (a larger --limit) finds the measurement its first run made and keeps the same K."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,9 @@ class Cell:
     data: str | None = None
     runtime: Runtime = Runtime()
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
+    pending: PendingBudget | None = None
+    """Set until the budget follows a measured N_avg; ``budget`` is then the declared estimate (0 without
+    one) and ``run_id`` provisional."""
 
     @property
     def run_id(self) -> str:
@@ -79,7 +95,8 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return f"{self.model.name}/{self.task.name}/{self.policy.name}@K={self.budget}"
+        budget = f"N_avg/{self.ratio:g}" if self.pending else str(self.budget)
+        return f"{self.model.name}/{self.task.name}/{self.policy.name}@K={budget}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +127,7 @@ class RunRequest:
     attention: str = "sdpa"
 
 
-def _make_cell(
+def make_cell(
     model: ModelSpec,
     task: TaskSpec,
     policy: Policy,
@@ -124,7 +141,10 @@ def _make_cell(
     role: Role,
     data: str | None = None,
     runtime: Runtime = Runtime(),
+    pending: PendingBudget | None = None,
+    measurement: dict[str, Any] | None = None,
 ) -> Cell:
+    """A cell and its identity; ``measurement`` records the measured N_avg a budget follows."""
     resolved = {
         "runner_version": RUNNER_VERSION,
         "runtime": runtime.record(model.dtype),
@@ -138,6 +158,8 @@ def _make_cell(
         "samples": samples,
         "limit": limit,
     }
+    if measurement is not None:
+        resolved["n_avg_measurement"] = measurement
     if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
         from kvbench.specs.task_data import data_fingerprint
 
@@ -145,7 +167,20 @@ def _make_cell(
     if role == "reference":  # the full cache does not depend on K: one reference serves every budget
         resolved["budget"] = resolved["ratio"] = None
     return Cell(
-        model, task, policy, protocol, budget, n_avg, ratio, samples, limit, role, data, runtime, resolved
+        model,
+        task,
+        policy,
+        protocol,
+        budget,
+        n_avg,
+        ratio,
+        samples,
+        limit,
+        role,
+        data,
+        runtime,
+        resolved,
+        pending,
     )
 
 
@@ -198,20 +233,39 @@ def _budgets(
     task: TaskSpec,
     model: str,
     n_avg: float | None,
-) -> list[tuple[int, float | None]]:
-    """(K, the ratio that set it) for each ratio asked: --budget fixes K; otherwise K = N_avg / ratio."""
+) -> list[tuple[int, float | None, bool]]:
+    """(K, the ratio that set it, whether K waits for a measured N_avg) for each ratio asked.
+
+    --budget or a fixed rule sets K. A ratio on a generation task sets K = N_avg/ratio from the full-cache
+    arm's measured N_avg (the declared ``n_avg`` is only the estimate shown until then); a probe's N_avg is
+    its exact trace length.
+    """
     if request.budget is not None:
-        return [(request.budget, None)] * len(ratios)
-    if n_avg is None:
-        raise SpecError(
-            f"task {task.name!r} has no reference N_avg for model {model!r}, so K = N_avg/ratio "
-            f"cannot be set: add `n_avg: {{{model}: ...}}` to the task or pass --budget"
-        )
-    budgets = []
+        return [(request.budget, None, False)] * len(ratios)
+    budgets: list[tuple[int, float | None, bool]] = []
     for ratio in ratios:
         rule = protocol.budget if ratio is None else protocol.budget.model_copy(update={"ratio": ratio})
-        budgets.append((rule.budget(n_avg, protocol.buffer), ratio or protocol.budget.ratio))
+        if rule.fixed is not None:
+            budgets.append((rule.fixed, None, False))
+        elif task.source.kind != "probe":
+            estimate = 0 if n_avg is None else rule.budget(n_avg, protocol.buffer)
+            budgets.append((estimate, rule.ratio, True))
+        elif n_avg is None:
+            raise SpecError(
+                f"task {task.name!r} has no reference N_avg for model {model!r}, so K = N_avg/ratio "
+                f"cannot be set: add `n_avg: {{{model}: ...}}` to the task or pass --budget"
+            )
+        else:
+            budgets.append((rule.budget(n_avg, protocol.buffer), rule.ratio, False))
     return budgets
+
+
+def measurement_key(reference: Cell) -> str:
+    """The name of the N_avg measured on a full-cache arm: its identity without the problem limit and the
+    samples per problem, so that extending a run keeps the budget its first run measured."""
+    kept = {k: v for k, v in reference.resolved.items() if k not in ("limit", "samples")}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def plan(request: RunRequest) -> list[Cell]:
@@ -263,7 +317,20 @@ def plan(request: RunRequest) -> list[Cell]:
             )
         for task in tasks:
             n_avg = task.reference_n_avg(model.name)
-            for budget, used_ratio in _budgets(request, protocol, ratios, task, model.name, n_avg):
+            cell_of = functools.partial(
+                make_cell,
+                n_avg=n_avg or float("nan"),
+                samples=request.samples if request.samples is not None else task.samples,
+                limit=suite.limit,
+                data=request.data,
+                runtime=runtime,
+            )
+            # the full arm's identity does not depend on K: it names the measurement of N_avg
+            full = cell_of(
+                model, task, make_policy(protocol.reference), protocol, budget=0, ratio=None, role="reference"
+            )
+            for budget, used_ratio, measured in _budgets(request, protocol, ratios, task, model.name, n_avg):
+                pending = PendingBudget(full.run_id, measurement_key(full)) if measured else None
                 arms: list[tuple[Policy, Role]] = [(p, "policy") for p in policies]
                 if request.baselines:
                     arms += [
@@ -271,19 +338,15 @@ def plan(request: RunRequest) -> list[Cell]:
                         (make_policy(protocol.reference), "reference"),
                     ]
                 for policy, role in arms:
-                    cell = _make_cell(
+                    cell = cell_of(
                         model,
                         task,
                         policy,
                         protocol,
                         budget=budget,
-                        n_avg=n_avg or float("nan"),
                         ratio=used_ratio,
-                        samples=request.samples if request.samples is not None else task.samples,
-                        limit=suite.limit,
                         role=role,
-                        data=request.data,
-                        runtime=runtime,
+                        pending=None if role == "reference" else pending,
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)

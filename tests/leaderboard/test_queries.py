@@ -6,6 +6,7 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+import pytest
 
 from kvbench.bench.leaderboard import synthetic_store
 from kvbench.leaderboard import queries
@@ -91,3 +92,39 @@ def test_a_database_without_benchmarks_has_an_empty_efficiency_view(tmp_path: Pa
     scores = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
     assert queries.efficiency(database, "synthetic", scores).empty
     assert isinstance(queries.efficiency(database, "synthetic", pd.DataFrame()), pd.DataFrame)
+
+
+def test_budget_curves_follow_the_quantity_and_pool_only_the_tasks_that_have_it(tmp_path: Path) -> None:
+    database = store(tmp_path)
+    con = duckdb.connect(str(database))
+    # task-0 is a needle probe (its samples hold a survival), task-1 is not
+    con.execute(
+        "UPDATE samples SET needle_survival = (hash(problem_id, sample, run_id) % 1000) / 1000 "
+        "WHERE task = 'task-0'"
+    )
+    expected = dict(
+        con.execute(
+            "SELECT r.policy, avg(per_problem) FROM (SELECT run_id, avg(needle_survival) AS per_problem "
+            "FROM samples WHERE task = 'task-0' GROUP BY run_id, problem_id) JOIN runs r USING (run_id) "
+            "GROUP BY r.policy"
+        ).fetchall()
+    )
+    scores = dict(
+        con.execute(
+            "SELECT r.policy, avg(per_problem) FROM (SELECT run_id, avg(metric) AS per_problem "
+            "FROM samples GROUP BY run_id, problem_id) JOIN runs r USING (run_id) GROUP BY r.policy"
+        ).fetchall()
+    )
+    con.close()
+    curves = queries.budget_curves(database, "synthetic", "protect-prompt", quantity="needle-survival")
+    got = dict(zip(curves["policy"], curves["score"], strict=True))
+    assert got == pytest.approx(expected) and set(got) == {
+        "policy-00",
+        "policy-01",
+        "policy-02",
+        "random",
+        "full",
+    }
+    assert set(curves["problems"]) == {20}  # task-0's problems only: task-1 has no survival to pool
+    default = queries.budget_curves(database, "synthetic", "protect-prompt")
+    assert dict(zip(default["policy"], default["score"], strict=True)) == pytest.approx(scores)
