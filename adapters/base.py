@@ -33,6 +33,8 @@ class Capabilities:
     """Device kinds, e.g. ("cpu", "cuda")."""
     dtypes: tuple[str, ...]
     attentions: tuple[str, ...]
+    teacher_forcing: bool = True
+    """Whether it can teacher-force (the probes and the fidelity metrics need it)."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,10 @@ class Backend(Protocol):
         max_new_tokens: int,
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
+        ignore_stop: bool = False,
     ) -> Generation:
-        """Decode one sample per seed from one prompt as a batch, evicting on the schedule."""
+        """Decode one sample per seed from one prompt as a batch, evicting on the schedule; with
+        ``ignore_stop``, every sample runs to ``max_new_tokens`` (benchmarks)."""
         ...
 
     def calibrate(self) -> Any:
@@ -162,12 +166,20 @@ class Adapter(Protocol):
 
     def capabilities(self) -> Capabilities: ...
 
+    def identity(self) -> dict[str, str]:
+        """What of the adapter itself enters every cell's identity (the hf adapter: nothing, its results
+        are pinned by the lock; vllm: the engine's version, since its kernels are the adapter's)."""
+        ...
+
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> Backend:
         """Load a model spec (its dtype included) onto ``device``; ``progress`` allows progress bars."""
         ...
 
 
-BUILTIN = {"hf": "kvbench.adapters.hf.backend:HFAdapter"}
+BUILTIN = {
+    "hf": "kvbench.adapters.hf.backend:HFAdapter",
+    "vllm": "kvbench.adapters.vllm.backend:VLLMAdapter",
+}
 _REGISTERED: dict[str, Callable[[], Adapter]] = {}
 
 

@@ -306,21 +306,30 @@ def tasks(database: Path, model: str, protocol: str) -> list[str]:
 
 
 _BENCH = """
-SELECT policy, budget, tokens, tokens_per_second, speed_vs_full, peak_kv_bytes / 2^20 AS peak_kv_mib,
-       memory_vs_full, ms_per_event, machine->>'cpu' AS machine, to_timestamp(created) AS measured
-FROM bench WHERE model = ?
-QUALIFY row_number() OVER (PARTITION BY policy ORDER BY created DESC) = 1
-ORDER BY policy
+SELECT policy, kind AS benchmark, adapter, budget, tokens, tokens_per_second, speed_vs_full,
+       peak_kv_bytes / 2^20 AS peak_kv_mib, memory_vs_full, ms_per_event,
+       CAST(details->>'peak_running' AS INTEGER) AS peak_running,
+       CAST(details->>'preemptions' AS INTEGER) AS preemptions,
+       machine->>'cpu' AS machine, to_timestamp(created) AS measured
+FROM ({bench}) WHERE model = ?
+QUALIFY row_number() OVER (PARTITION BY policy, kind, adapter ORDER BY created DESC) = 1
+ORDER BY benchmark, adapter, policy
 """
+_DECODE_ONLY = "SELECT *, 'decode' AS kind, 'hf' AS adapter, NULL::JSON AS details FROM bench"
+"""A database written before `kvbench bench serve` existed: its bench rows are all hf decode rows."""
 
 
 def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame:
-    """The newest `kvbench bench decode` row per policy for the model, beside the policy's average score."""
+    """The newest `kvbench bench decode` and `bench serve` row per policy and adapter for the model, beside
+    the policy's average score."""
     with connect(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
             return pd.DataFrame()
-        bench = con.execute(_BENCH, [model]).df()
+        columns = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
+                                             "WHERE table_name = 'bench'").fetchall()}  # fmt: skip
+        source = "SELECT * FROM bench" if "kind" in columns else _DECODE_ONLY
+        bench = con.execute(_BENCH.format(bench=source), [model]).df()
     if bench.empty or scores.empty:
         return bench
     return bench.merge(scores[["policy", "average"]].drop_duplicates("policy"), on="policy", how="left")

@@ -133,6 +133,7 @@ class ToyBackend:
         max_new_tokens: int,
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
+        ignore_stop: bool = False,
     ) -> Generation:
         stream = self._stream(prompt_ids, policy, schedule, sample_seeds, calibration, None)
         generators = [generator(seed) for seed in sample_seeds]
@@ -164,6 +165,9 @@ class ToyAdapter:
             dtypes=("float32",),
             attentions=("toy",),
         )
+
+    def identity(self) -> dict[str, str]:
+        return {}
 
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> ToyBackend:
         return ToyBackend()

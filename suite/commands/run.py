@@ -40,7 +40,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--data", type=Path, help="a local copy of the one --task's dataset, in the hub's layout"
     )
-    run.add_argument("--adapter", default="hf", help="backend, by name (hf: transformers; plugins add more)")
+    run.add_argument(
+        "--adapter",
+        default="hf",
+        help="backend, by name (hf: transformers; vllm: a vLLM engine; plugins add more)",
+    )
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the kind is part of the identity)")
     run.add_argument(
         "--dtype",

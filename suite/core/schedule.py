@@ -83,6 +83,16 @@ class Schedule:
         requested = {"prompt": prompt_len, "sinks": self.sinks, "none": 0}[self.protection]
         return ProtectedPrefix(requested=requested, count=min(requested, self.protection_cap))
 
+    def refuse_capped(self, prompt_len: int) -> None:
+        """Raise when protecting the whole prompt does not fit K − B − 1 slots (runs that protect it)."""
+        protected = self.protected_prefix(prompt_len)
+        if protected.capped:
+            raise BudgetError(
+                f"the budget K={self.budget} with buffer B={self.buffer} leaves room to protect "
+                f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
+                f"use a budget of at least {protected.requested + self.buffer + 1}"
+            )
+
     def tokens_until_due(self, length: int) -> int:
         """The smallest t >= 1 such that the cache evicts once it holds ``length + t`` slots.
 

@@ -161,6 +161,25 @@ def _run_model(
     adapter = find_adapter(runtime.adapter)
     backend = adapter.load(spec, device=runtime.device, attention=runtime.attention, progress=progress)
     timings.model_load += time.perf_counter() - started
+    try:
+        return _run_loaded(backend, model_cells, out, progress, extra, calibrations, timings, graders)
+    finally:
+        close = getattr(backend, "close", None)  # an engine in processes of its own (vllm) ends here
+        if close is not None:
+            close()
+
+
+def _run_loaded(
+    backend: Backend,
+    model_cells: list[Cell],
+    out: Path,
+    progress: bool,
+    extra: dict,
+    calibrations: dict,
+    timings: Timings,
+    graders: Graders,
+) -> dict[str, Cell]:
+    spec = model_cells[0].model
     problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
     ready = [c for c in model_cells if c.pending is None]
     check_cells(ready, backend, problems)

@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS bench (
     memory_vs_full DOUBLE, ms_per_event DOUBLE, machine JSON,
     PRIMARY KEY (file, policy)
 );
+ALTER TABLE bench ADD COLUMN IF NOT EXISTS kind VARCHAR DEFAULT 'decode';
+ALTER TABLE bench ADD COLUMN IF NOT EXISTS adapter VARCHAR DEFAULT 'hf';
+ALTER TABLE bench ADD COLUMN IF NOT EXISTS details JSON;
 """
 
 
@@ -74,14 +77,43 @@ def _writer_lock(root: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+SERVE_DETAILS = (
+    "requests",
+    "peak_running",
+    "pool_blocks",
+    "preemptions",
+    "tpot_ms",
+    "tpot_vs_full",
+    "concurrency_vs_full",
+    "requests_per_second",
+)
+"""What a `kvbench bench serve` row keeps beside the columns it shares with `bench decode`."""
+
+
 def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    """`kvbench bench decode --out` results (runs/bench/*.json): decode speed and KV memory per policy."""
+    """`kvbench bench decode --out` and `kvbench bench serve --out` results (runs/bench/*.json): speed and
+    KV memory per policy. A serve row's tokens/s is output tokens/s under a fixed pool, its memory the
+    most KV blocks held; its concurrency, preemptions and TPOT are in ``details``."""
     for path in sorted((root / "bench").glob("*.json")):
         record = json.loads(path.read_text())
         settings = record["settings"]
+        serve = path.name.startswith("serve-")
         for r in record["results"]:
+            if serve:
+                block_bytes = r["extra"]["block_bytes"]
+                full = record["results"][0]
+                values = [r["output_len"], r["output_tokens_per_second"], r["speed_vs_full"],
+                          r["peak_blocks"] * block_bytes, r["peak_blocks"] / max(full["peak_blocks"], 1),
+                          r["select_ms_per_event"] + r["move_ms_per_event"]]  # fmt: skip
+                details = {k: r[k] for k in SERVE_DETAILS}
+            else:
+                values = [r["tokens"], r["tokens_per_second"], r["speed_vs_full"], r["peak_kv_bytes"],
+                          r["memory_vs_full"], r["ms_per_event"]]  # fmt: skip
+                details = {}
             con.execute(
-                "INSERT OR IGNORE INTO bench VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO bench (file, created, model, policy, budget, buffer, tokens, "
+                "tokens_per_second, speed_vs_full, peak_kv_bytes, memory_vs_full, ms_per_event, machine, "
+                "kind, adapter, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     path.name,
                     record["created"],
@@ -89,13 +121,11 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
                     r["policy"],
                     settings["budget"],
                     settings["buffer"],
-                    r["tokens"],
-                    r["tokens_per_second"],
-                    r["speed_vs_full"],
-                    r["peak_kv_bytes"],
-                    r["memory_vs_full"],
-                    r["ms_per_event"],
+                    *values,
                     json.dumps(record["machine"]),
+                    "serve" if serve else "decode",
+                    settings.get("adapter", "hf"),
+                    json.dumps(details),
                 ],
             )
 

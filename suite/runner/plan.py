@@ -58,11 +58,14 @@ class Runtime:
         return self.device.split(":", 1)[0]
 
     def record(self, dtype: str) -> dict[str, str]:
+        from kvbench.adapters.base import find_adapter
+
         return {
             "adapter": self.adapter,
             "device": self.device_kind,
             "dtype": dtype,
             "attention": self.attention,
+            **getattr(find_adapter(self.adapter), "identity", dict)(),
         }
 
 
@@ -373,6 +376,11 @@ def check_capabilities(cells: list[Cell]) -> None:
             offered = ", ".join(provided)
             for value in sorted(asked - set(provided)):
                 problems.append(f"{what} {value!r}: the {adapter.name} adapter provides {offered}")
+        for task in dict.fromkeys(c.task.name for c in here if c.task.source.kind == "probe"):
+            if not can.teacher_forcing:
+                problems.append(
+                    f"task {task!r} is a teacher-forced probe, which the {adapter.name} adapter cannot run"
+                )
         for policy in dict.fromkeys(c.policy.name for c in here):
             needs = next(c.policy.needs for c in here if c.policy.name == policy)
             if needs - can.needs:

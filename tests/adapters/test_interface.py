@@ -4,6 +4,7 @@ refused once, before any model loads, with every reason named."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -66,6 +67,30 @@ def test_capabilities_are_checked_once_before_any_model_loads(tmp_path: Path) ->
 
 
 def test_an_unknown_adapter_is_named_with_the_known_ones(tmp_path: Path) -> None:
-    result, output = kvbench_in_process(tmp_path, "run", "--adapter", "vllm", "--model", "tiny-qwen3")
+    result, output = kvbench_in_process(tmp_path, "run", "--adapter", "vlm", "--model", "tiny-qwen3")
     assert result["code"] == 2
-    assert "unknown adapter 'vllm'. Known adapters: hf, toy." in output
+    assert "unknown adapter 'vlm'. Did you mean 'vllm'? Known adapters: hf, toy, vllm." in output
+
+
+def test_the_vllm_adapter_refuses_probes_and_names_its_venv(tmp_path: Path) -> None:
+    probes = [
+        "run",
+        "--adapter",
+        "vllm",
+        "--model",
+        "tiny-qwen3-d64",
+        "--task",
+        "passkey",
+        "--policy",
+        "snapkv",
+    ]
+    result, output = kvbench_in_process(tmp_path, *probes, "--quiet")
+    assert result["code"] == 2 and not (tmp_path / "runs").exists()
+    assert "task 'passkey' is a teacher-forced probe, which the vllm adapter cannot run" in output
+    if importlib.util.find_spec("vllm") is None:  # the main venv: vLLM lives in its own
+        gsm8k = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"
+        task = ["--task", "gsm8k", "--data", str(gsm8k), "--budget", "512", "--limit", "1"]
+        result, output = kvbench_in_process(tmp_path, *probes[:5], *task, "--policy", "snapkv", "--quiet")
+        assert result["code"] != 0
+        assert "the vllm adapter needs vLLM 0.32.0, which is not installed" in output
+        assert "make vllm-venv" in output

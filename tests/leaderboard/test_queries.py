@@ -128,3 +128,42 @@ def test_budget_curves_follow_the_quantity_and_pool_only_the_tasks_that_have_it(
     assert set(curves["problems"]) == {20}  # task-0's problems only: task-1 has no survival to pool
     default = queries.budget_curves(database, "synthetic", "protect-prompt")
     assert dict(zip(default["policy"], default["score"], strict=True)) == pytest.approx(scores)
+
+
+def test_serve_benchmarks_land_in_the_efficiency_view_beside_decode_ones(tmp_path: Path) -> None:
+    """A `kvbench bench serve --out` record, ingested, reads back with its adapter, concurrency and
+    preemptions; the decode rows stay as they were."""
+    from kvbench.bench.serve import ServeTiming
+    from kvbench.commands.bench import _record
+
+    def timing(policy: str, speed: float, running: int, blocks: int) -> ServeTiming:
+        return ServeTiming(
+            policy=policy, requests=16, output_len=256, output_tokens_per_second=100.0 * speed,
+            requests_per_second=0.4 * speed, peak_running=running, peak_blocks=blocks, pool_blocks=40,
+            preemptions=0, tpot_ms=6.0, eviction_events=0 if policy == "full" else 512,
+            select_ms_per_event=1.5, move_ms_per_event=0.5, eviction_share=0.1, speed_vs_full=speed,
+            tpot_vs_full=1.0, concurrency_vs_full=running / 3, extra={"block_bytes": 65536},
+        )  # fmt: skip
+
+    runs = tmp_path / "runs"
+    database = store(tmp_path)
+    runs.mkdir()
+    database.rename(runs / "kvbench.duckdb")
+    settings = {"model": "synthetic", "adapter": "vllm", "budget": 96, "buffer": 8, "tokens": 256}
+    rows = [timing("full", 1.0, 3, 36), timing("policy-00", 2.3, 9, 36)]
+    _record(runs, settings, {"cpu": "test CPU"}, rows, kind="serve")
+    database = runs / "kvbench.duckdb"
+    scores = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
+    view = queries.efficiency(database, "synthetic", scores)
+    serve = view[view["benchmark"] == "serve"].set_index("policy")
+    assert list(serve["adapter"]) == ["vllm", "vllm"]
+    assert serve.loc["policy-00", "speed_vs_full"] == pytest.approx(2.3)
+    assert serve.loc["policy-00", "peak_running"] == 9 and serve.loc["full", "peak_running"] == 3
+    assert serve.loc["policy-00", "peak_kv_mib"] == pytest.approx(36 * 65536 / 2**20)
+    assert serve.loc["policy-00", "ms_per_event"] == pytest.approx(2.0)
+    assert (serve["preemptions"] == 0).all()
+    assert serve.loc["policy-00", "average"] == pytest.approx(
+        scores.set_index("policy").loc["policy-00", "average"]
+    )
+    decode = view[view["benchmark"] == "decode"]
+    assert set(decode["adapter"]) <= {"hf"}
