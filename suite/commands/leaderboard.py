@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,12 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         "--client.toolbarMode=viewer",
     ]
     print(f"kvbench leaderboard: http://{args.address}:{args.port} reading {args.db}", flush=True)
+    server = subprocess.Popen(command, env={**os.environ, DATABASE_ENV: str(args.db.resolve())})
+    # `kill` of this process must end the server too, or a stopped leaderboard keeps its port
+    signal.signal(signal.SIGTERM, lambda *_: server.terminate())
     try:
-        return subprocess.call(command, env={**os.environ, DATABASE_ENV: str(args.db.resolve())})
+        return server.wait()
     except KeyboardInterrupt:
+        server.terminate()
+        server.wait()
         return 0

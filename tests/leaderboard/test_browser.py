@@ -108,3 +108,6 @@ def test_the_leaderboard_renders_in_headless_chromium(board_db: Path, tmp_path: 
         server.terminate()
         server.wait(timeout=30)
         log.close()
+    with pytest.raises(OSError):  # stopping `kvbench leaderboard` stopped its Streamlit server too
+        time.sleep(2)
+        urllib.request.urlopen(f"{url}/_stcore/health", timeout=5)
