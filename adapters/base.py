@@ -10,7 +10,8 @@ can add one under the ``kvbench.adapters`` entry-point group.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol
@@ -174,6 +175,17 @@ class Adapter(Protocol):
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> Backend:
         """Load a model spec (its dtype included) onto ``device``; ``progress`` allows progress bars."""
         ...
+
+
+@contextmanager
+def ended(backend: Backend) -> Iterator[Backend]:
+    """Use a loaded backend, then end it: a backend with processes of its own (vllm) has ``close``."""
+    try:
+        yield backend
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
 
 
 BUILTIN = {

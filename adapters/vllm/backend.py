@@ -129,12 +129,13 @@ class VLLMBackend:
             events = int(stats.get(tag, {}).get("events", 0))
             text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
             samples.append(Sample(tokens, text, reason, events))  # type: ignore[arg-type]
-        moved = sum(s.get("seconds_select", 0.0) + s.get("seconds_move", 0.0) for s in stats.values())
+        select = sum(s.get("seconds_select", 0.0) for s in stats.values())
+        move = sum(s.get("seconds_move", 0.0) for s in stats.values())
         return Generation(
             samples=samples,
             prompt_tokens=len(prompt_ids),
             eviction_events=max((s.evictions for s in samples), default=0),
-            eviction_seconds=moved,
+            eviction_seconds=select + move,
             decode_seconds=seconds,
             peak_kv_bytes=sum(
                 self._reserved_bytes(policy, schedule, len(prompt_ids), s.generated) for s in samples
@@ -144,10 +145,7 @@ class VLLMBackend:
                 "sampling": sampling,
                 "max_new_tokens": max_new_tokens,
                 "vllm": VLLM_VERSION,
-                "eviction_stats": {
-                    "select": sum(s.get("seconds_select", 0.0) for s in stats.values()),
-                    "move": sum(s.get("seconds_move", 0.0) for s in stats.values()),
-                },
+                "eviction_stats": {"select": select, "move": move},
             },
         )
 

@@ -9,6 +9,7 @@ as they are: attention reads only up to the request's stored length, and the nex
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,8 +68,6 @@ class RequestEviction:
 
         ``views[l]`` are layer l's key and value views [num_blocks, Hkv, block_size, D].
         """
-        import time
-
         started = time.perf_counter()
         stored = self.paged.first_event if self.evicted_at == 0 else self.paged.budget + self.paged.buffer
         device = views[0][0].device

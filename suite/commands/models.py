@@ -52,7 +52,7 @@ def load_calibration(policy, model: str, path: Path | None):
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from kvbench.adapters.base import Sampling, find_adapter
+    from kvbench.adapters.base import Sampling, ended, find_adapter
     from kvbench.core.seeding import sample_seed
     from kvbench.registry import make_policy
     from kvbench.specs.model import load_model_spec
@@ -60,8 +60,7 @@ def generate_command(args: argparse.Namespace) -> int:
     policy = make_policy(args.policy)
     schedule = schedule_from(args)
     spec = load_model_spec(args.model)
-    backend = find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")
-    try:
+    with ended(find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")) as backend:
         calibration = load_calibration(policy, spec.name, args.calibration)
         seeds = [sample_seed(args.seed, "generate", args.prompt, i) for i in range(args.samples)]
         result = backend.generate(
@@ -75,10 +74,6 @@ def generate_command(args: argparse.Namespace) -> int:
             calibration=calibration,
             refuse_capped_prompt=True,
         )
-    finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
     for i, sample in enumerate(result.samples):
         console.rule(f"sample {i} ({sample.finish_reason}, {sample.generated} tokens)")
         console.print(sample.text, markup=False, highlight=False)

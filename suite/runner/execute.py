@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kvbench.adapters.base import Backend, find_adapter
+from kvbench.adapters.base import Backend, ended, find_adapter
 from kvbench.core.calibration import QueryStats
 from kvbench.core.seeding import sample_seed
 from kvbench.errors import BudgetError
@@ -161,43 +161,25 @@ def _run_model(
     adapter = find_adapter(runtime.adapter)
     backend = adapter.load(spec, device=runtime.device, attention=runtime.attention, progress=progress)
     timings.model_load += time.perf_counter() - started
-    try:
-        return _run_loaded(backend, model_cells, out, progress, extra, calibrations, timings, graders)
-    finally:
-        close = getattr(backend, "close", None)  # an engine in processes of its own (vllm) ends here
-        if close is not None:
-            close()
-
-
-def _run_loaded(
-    backend: Backend,
-    model_cells: list[Cell],
-    out: Path,
-    progress: bool,
-    extra: dict,
-    calibrations: dict,
-    timings: Timings,
-    graders: Graders,
-) -> dict[str, Cell]:
-    spec = model_cells[0].model
-    problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
-    ready = [c for c in model_cells if c.pending is None]
-    check_cells(ready, backend, problems)
-    total = sum(len(problems[c.task.name]) for c in model_cells)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress, transient=True) as bar:
-        running = _ModelRun(
-            backend, out, extra, calibrations, timings, graders, bar, bar.add_task(spec.name, total=total)
-        )
-        for cell in ready:  # the full arms among them, whose lengths set the pending budgets
-            running.run(cell, problems[cell.task.name])
-        ids = {name: [p.problem_id for p in found] for name, found in problems.items()}
-        as_ran = settle_all(model_cells, out, ids)
-        settled = [after for before, after in zip(model_cells, as_ran, strict=True) if before.pending]
-        check_cells(settled, backend, problems)
-        for cell in settled:
-            running.run(cell, problems[cell.task.name])
-    return {before.run_id: after for before, after in zip(model_cells, as_ran, strict=True)}
+    with ended(backend):
+        problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
+        ready = [c for c in model_cells if c.pending is None]
+        check_cells(ready, backend, problems)
+        total = sum(len(problems[c.task.name]) for c in model_cells)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=not progress, transient=True) as bar:
+            running = _ModelRun(
+                backend, out, extra, calibrations, timings, graders, bar, bar.add_task(spec.name, total=total)
+            )
+            for cell in ready:  # the full arms among them, whose lengths set the pending budgets
+                running.run(cell, problems[cell.task.name])
+            ids = {name: [p.problem_id for p in found] for name, found in problems.items()}
+            as_ran = settle_all(model_cells, out, ids)
+            settled = [after for before, after in zip(model_cells, as_ran, strict=True) if before.pending]
+            check_cells(settled, backend, problems)
+            for cell in settled:
+                running.run(cell, problems[cell.task.name])
+        return {before.run_id: after for before, after in zip(model_cells, as_ran, strict=True)}
 
 
 @dataclass
