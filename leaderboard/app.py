@@ -1,23 +1,41 @@
-"""The kvbench leaderboard page: layout only; every number comes from kvbench.leaderboard.queries.
+"""The kvbench leaderboard page: layout only; every number comes from kvbench.leaderboard's query modules.
 
-Started by `kvbench leaderboard [--db PATH] [--port N]`, which names the database in
-KVBENCH_LEADERBOARD_DB (default: the published snapshot runs/kvbench.snapshot.duckdb).
+Started by `kvbench leaderboard [--db PATH] [--port N] [--public]`, which names the database in
+KVBENCH_LEADERBOARD_DB (default: the published snapshot runs/kvbench.snapshot.duckdb) and public mode in
+KVBENCH_LEADERBOARD_PUBLIC; the Space and container entry point (deploy/space/app.py) calls ``main``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from kvbench.leaderboard import charts, queries
+from kvbench.leaderboard import charts, downloads, permalink, queries
+from kvbench.leaderboard import head_to_head as h2h
+from kvbench.leaderboard.about import ABOUT
+from kvbench.leaderboard.display import MISSING
+from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP, public_mode, scrub_frame
 from kvbench.results.stats import DRAWS
 from kvbench.results.summary import QUANTITIES
 
 DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
 DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"
+VIEWS = [
+    "Leaderboard",
+    "Head-to-head",
+    "Budget curves",
+    "Efficiency",
+    "Policy",
+    "Provenance",
+    "Downloads",
+    "About",
+]
 BADGE_MARKDOWN = {
     "beats null": ":green-badge[beats null]",
     "ties": ":gray-badge[ties]",
@@ -25,24 +43,55 @@ BADGE_MARKDOWN = {
 }
 METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
-    f"({DRAWS:,} draws). *average* pools the tasks, clustered by (task, problem). Δ vs null and the "
-    "verdict: paired exact sign test against Random Attention on shared problems, Holm-corrected across "
-    "this table's policies at α = 0.05. K/N_avg: the budget over the task's reference mean length."
+    f"({DRAWS:,} draws). Δ vs null and the verdict: paired exact sign test against Random Attention on "
+    "shared problems, Holm-corrected across this table's policies at α = 0.05. K/N_avg: the budget over "
+    "the task's reference mean length. *verified*: a maintainer re-ran a sample of the submission's "
+    "problems (`kvbench verify`); *local*: runs no submission holds."
 )
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (
+        queries.choices,
+        queries.leaderboard,
+        queries.budget_curves,
+        queries.tasks,
+        queries.efficiency,
+        queries.policy_runs,
+        queries.problems,
+        queries.provenance,
+        queries.policy_documentation,
+        h2h.head_to_head,
+        downloads.sample_count,
+    )
+}
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def _query(name: str, database: str, stamp: float, *args):
     """Queries cached per database file version: a newly published snapshot is read afresh."""
-    return getattr(queries, name)(Path(database), *args)
+    return _FUNCTIONS[name](Path(database), *args)
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Selection:
+    """The sidebar's filters: one table."""
+
+    model: str
+    protocol: str | None
+    runtime: str | None
+    seed: int | None
+    compression: queries.Compression | None
+    name: str
+    quantity: str
+
+
+def main(database: Path | None = None, public: bool | None = None) -> None:
     st.set_page_config(page_title="kvbench leaderboard", layout="wide")
     st.title("kvbench leaderboard")
-    database = Path(os.environ.get(DATABASE_ENV, DEFAULT_DATABASE))
+    database = database or Path(os.environ.get(DATABASE_ENV, DEFAULT_DATABASE))
+    public = public_mode() if public is None else public
     if not queries.has_results(database):
-        _empty_page(database)
+        _empty_page(database, public)
         return
     stamp = database.stat().st_mtime
 
@@ -50,46 +99,112 @@ def main() -> None:
         return _query(name, str(database), stamp, *args)
 
     st.caption("Which KV-cache eviction policies beat random eviction, at which budgets, on which models.")
+    chosen = _sidebar(query)
+    if public:
+        st.sidebar.caption(f"Published snapshot of {pd.Timestamp(stamp, unit='s'):%Y-%m-%d %H:%M} UTC.")
+    else:
+        st.sidebar.caption(f"database: {database} (read-only)")
+    permalink.from_url("view", VIEWS)
+    views = dict(zip(VIEWS, st.tabs(VIEWS, key="view", on_change="rerun"), strict=True))
+    with views["About"]:
+        st.markdown(ABOUT)
+    if chosen.protocol is None or chosen.compression is None:
+        st.info(f"No budgeted runs for {chosen.model} yet.")
+        _remember(chosen)
+        return
+    table = query(
+        "leaderboard", chosen.model, chosen.protocol, chosen.compression, chosen.name, chosen.runtime,
+        chosen.seed, chosen.quantity,
+    )  # fmt: skip
+    with views["Leaderboard"]:
+        _leaderboard_view(table, f"{chosen.model} · {chosen.protocol} · {chosen.compression.label}")
+    with views["Head-to-head"]:
+        _head_to_head_view(query, table, chosen)
+    with views["Budget curves"]:
+        _curves_view(query, chosen)
+    with views["Efficiency"]:
+        _efficiency_view(query, chosen.model, table, public)
+    with views["Policy"]:
+        _policy_view(query, table, public)
+    with views["Provenance"]:
+        runs = query("provenance", table.run_ids)
+        _table(scrub_frame(runs) if public else runs)
+        st.caption(
+            "Every run behind the leaderboard table: spec hash, versions, commit, hardware, date; for a "
+            "submitted run its submission and newest verification, with the machine that re-ran it."
+        )
+    with views["Downloads"]:
+        _downloads_view(query, database, table)
+    _remember(chosen)
+
+
+def _sidebar(query) -> Selection:
+    """The filters, each restored from the URL on the session's first run."""
+    sidebar = st.sidebar
     everything = query("choices")
-    model = st.sidebar.selectbox("model", everything.models, key="model")
-    protocol = st.sidebar.selectbox("protocol", query("choices", model).protocols, key="protocol")
-    runtime = st.sidebar.selectbox(
-        "runtime (adapter/device/dtype/attention)", query("choices", model, protocol).runtimes, key="runtime"
+    permalink.from_url("model", everything.models)
+    model = sidebar.selectbox("model", everything.models, key="model")
+    protocols = query("choices", model).protocols
+    permalink.from_url("protocol", protocols)
+    protocol = sidebar.selectbox("protocol", protocols, key="protocol")
+    runtimes = query("choices", model, protocol).runtimes
+    permalink.from_url("runtime", runtimes)
+    runtime = sidebar.selectbox("runtime (adapter/device/dtype/attention)", runtimes, key="runtime")
+    seeds = query("choices", model, protocol, runtime).seeds
+    permalink.from_url("seed", seeds)
+    seed = sidebar.selectbox("protocol seed", seeds, key="seed")
+    compressions = query("choices", model, protocol, runtime, seed).compressions
+    permalink.from_url("compression", compressions, permalink.compression_code)
+    compression = sidebar.selectbox(
+        "compression", compressions, format_func=lambda c: c.label, key="compression"
     )
-    seed = st.sidebar.selectbox("protocol seed", query("choices", model, protocol, runtime).seeds, key="seed")
-    compression = st.sidebar.selectbox(
-        "compression",
-        query("choices", model, protocol, runtime, seed).compressions,
-        format_func=lambda c: c.label,
-        key="compression",
-    )
-    name = st.sidebar.text_input("policy name contains", key="name")
-    quantity = st.sidebar.selectbox(
+    permalink.from_url("name")
+    name = sidebar.text_input("policy name contains", key="name")
+    permalink.from_url("quantity", list(QUANTITIES))
+    quantity = sidebar.selectbox(
         "rank by",
         list(QUANTITIES),
         key="quantity",
         help="the task's metric, or the probe answer's log-probability (paired and tested the same way)",
     )
-    st.sidebar.caption(f"database: {database} (read-only)")
-    if protocol is None or compression is None:
-        st.info(f"No budgeted runs for {model} yet.")
+    return Selection(model, protocol, runtime, seed, compression, name, quantity)
+
+
+def _remember(chosen: Selection) -> None:
+    """The URL becomes a link to this page as shown: filters, tab, policy and head-to-head pair."""
+    state = st.session_state
+    permalink.to_url(
+        {
+            "model": chosen.model,
+            "protocol": chosen.protocol,
+            "runtime": chosen.runtime,
+            "seed": None if chosen.seed is None else str(chosen.seed),
+            "compression": permalink.compression_code(chosen.compression),
+            "name": chosen.name,
+            "quantity": chosen.quantity,
+            "view": state.get("view"),
+            "policy": state.get("policy"),
+            "pair_a": state.get("pair_a"),
+            "pair_b": state.get("pair_b"),
+        }
+    )
+
+
+def _choose(key: str, options: Sequence[str], default: str) -> None:
+    """Start widget ``key`` on ``default`` (or the URL's choice) unless it holds one of ``options``."""
+    permalink.from_url(key, options)
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+
+
+def _table(frame: pd.DataFrame, **config) -> None:
+    st.dataframe(frame, hide_index=True, placeholder=MISSING, **config)
+
+
+def _empty_page(database: Path, public: bool) -> None:
+    if public:
+        st.info("No results have been published yet.")
         return
-    table = query("leaderboard", model, protocol, compression, name, runtime, seed, quantity)
-    views = st.tabs(["Leaderboard", "Budget curves", "Efficiency", "Policy", "Provenance"])
-    with views[0]:
-        _leaderboard_view(table, model, protocol, compression)
-    with views[1]:
-        _curves_view(query, model, protocol, runtime, seed, quantity)
-    with views[2]:
-        _efficiency_view(query, model, table)
-    with views[3]:
-        _policy_view(query, table)
-    with views[4]:
-        st.dataframe(query("provenance", table.run_ids), hide_index=True)
-        st.caption("Every run behind the leaderboard table: spec hash, versions, commit, hardware, date.")
-
-
-def _empty_page(database: Path) -> None:
     st.info(f"No results in {database} yet.")
     st.markdown(
         "Produce some, then reload this page:\n\n"
@@ -100,19 +215,23 @@ def _empty_page(database: Path) -> None:
     )
 
 
-def _leaderboard_view(table: queries.Table, model: str, protocol: str, compression) -> None:
-    st.subheader(f"{model} · {protocol} · {compression.label}")
+def _leaderboard_view(table: queries.Table, title: str) -> None:
+    st.subheader(title)
     if table.frame.empty:
         st.info("No runs match these filters.")
         return
     if not (table.frame["role"] == "policy").any():
         st.info("No policy matches these filters; only the baselines are shown.")
     number = st.column_config.NumberColumn
-    st.dataframe(
+    columns = list(table.frame.columns)
+    by_kind = [c for c in columns if c.startswith("average (")]
+    first = [c for c in columns if c not in by_kind and c != "average"]
+    at = first.index("average ± CI") + 1
+    _table(
         table.frame,
-        hide_index=True,
-        column_order=[c for c in table.frame.columns if c != "average"],  # its text twin shows the CI
+        column_order=first[:at] + by_kind + first[at:],  # "average" itself: its text twin shows the CI
         column_config={
+            "average ± CI": st.column_config.TextColumn(help=_pooled_text(table)),
             "Δ vs null": number(format="%+.3f"),
             "Δ vs full": number(format="%+.3f"),
             "p (Holm)": number(format="%.3f"),
@@ -126,21 +245,96 @@ def _leaderboard_view(table: queries.Table, model: str, protocol: str, compressi
     ]
     if badges:
         st.markdown("Against the null: " + " · ".join(badges))
-    st.download_button(
-        "Download CSV", table.frame.to_csv(index=False), file_name="kvbench-leaderboard.csv", mime="text/csv"
+    frame = table.frame
+    left, right, _ = st.columns([1, 1, 4])
+    left.download_button(
+        "Download CSV", lambda: downloads.csv_bytes(frame), file_name="kvbench-leaderboard.csv",
+        mime="text/csv", on_click="ignore",
+    )  # fmt: skip
+    right.download_button(
+        "Download Parquet", lambda: downloads.parquet_bytes(frame), file_name="kvbench-leaderboard.parquet",
+        mime="application/vnd.apache.parquet", on_click="ignore",
+    )  # fmt: skip
+    st.caption(f"{METHOD} {_pooled_text(table)}")
+
+
+def _pooled_text(table: queries.Table) -> str:
+    """Exactly what *average* pools: its tasks with their kinds, and the per-kind averages beside it."""
+    if not table.average_over:
+        return "The average covers the tasks every arm here ran: none."
+    named = ", ".join(
+        f"{t} ({table.kinds.get(t, '?')}" + (f": {table.metrics[t]})" if t in table.metrics else ")")
+        for t in table.average_over
     )
-    over = ", ".join(table.average_over) or "none"
-    st.caption(f"{METHOD} The average covers the tasks every arm here ran: {over}.")
+    text = (
+        f"*average* pools the tasks every arm here ran, each (task, problem) one cluster of equal weight: "
+        f"{named}; Δ vs null, W/T/L and the verdict are on this pool."
+    )
+    if any(c.startswith("average (") for c in table.frame.columns):
+        text += " It mixes a continuous metric with exact-match scores: *average (exact match)* and "
+        text += "*average (continuous)* pool each kind on its own."
+    return text
 
 
-def _curves_view(
-    query, model: str, protocol: str, runtime: str | None, seed: int | None, quantity: str
-) -> None:
+def _head_to_head_view(query, table: queries.Table, chosen: Selection) -> None:
+    if len(table.arms) < 2:
+        st.info("A head-to-head needs two arms in the table.")
+        return
+    labels = {h2h.arm_label(arm, table.arms): arm for arm in table.arms}
+    names = list(labels)
+    roles = [arm.role for arm in labels.values()]
+    first_policy = names[roles.index("policy")] if "policy" in roles else names[0]
+    baseline = next((n for n, r in zip(names, roles, strict=True) if r == "null"), None)
+    _choose("pair_a", names, first_policy)
+    _choose("pair_b", names, baseline or next(n for n in names if n != first_policy))
+    left, right = st.columns(2)
+    a = left.selectbox("A", names, key="pair_a")
+    b = right.selectbox("B", names, key="pair_b")
+    if a == b:
+        st.info("Choose two different arms.")
+        return
+    result = query(
+        "head_to_head", chosen.model, chosen.protocol, chosen.compression, chosen.runtime, chosen.seed,
+        chosen.quantity, labels[a], labels[b],
+    )  # fmt: skip
+    if result.tasks.empty:
+        st.info(f"{a} and {b} ran no task in common here.")
+        return
+    st.plotly_chart(charts.head_to_head(result.tasks, f"A = {a} against B = {b}"), key="h2h_chart")
+    _table(
+        result.tasks.drop(columns=["low", "high"]),
+        column_config={
+            "Δ (A − B)": st.column_config.NumberColumn(format="%+.3f"),
+            "p (sign test)": st.column_config.NumberColumn(format="%.3f"),
+            "p (Holm, tasks)": st.column_config.NumberColumn(format="%.3f"),
+        },
+        key="h2h_tasks",
+    )
+    for note in result.notes:
+        st.caption(note)
+    st.caption(
+        f"Paired on the problems both ran ({chosen.quantity}); 95% bootstrap interval over problems, "
+        "exact sign test on the problems where they differ; the per-task p-values Holm-corrected across "
+        "these tasks. *unpaired*: problems only one arm has, left out."
+    )
+    problems = result.problems
+    _table(problems.frame, key="h2h_problems")
+    _cap_note(problems, "problems")
+    st.caption("Per problem: the mean over its samples for each arm. A private task shows its ids only.")
+
+
+def _cap_note(rows: queries.Capped, what: str) -> None:
+    if rows.capped:
+        st.caption(f"The first {len(rows.frame):,} of {rows.total:,} {what} are shown.")
+
+
+def _curves_view(query, chosen: Selection) -> None:
+    model, protocol, quantity = chosen.model, chosen.protocol, chosen.quantity
     tasks = query("tasks", model, protocol)
     task = st.selectbox(
         "task", [None, *tasks], format_func=lambda t: t or "all tasks, pooled", key="curve_task"
     )
-    curves = query("budget_curves", model, protocol, task, runtime, seed, quantity)
+    curves = query("budget_curves", model, protocol, task, chosen.runtime, chosen.seed, quantity)
     if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
         st.info(
             f"No ratio-based runs with {quantity}: run a suite with `ratios:` "
@@ -151,7 +345,7 @@ def _curves_view(
     st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
 
 
-def _efficiency_view(query, model: str, table: queries.Table) -> None:
+def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> None:
     rows = query("efficiency", model, table.frame)
     if rows.empty:
         st.info(
@@ -161,13 +355,13 @@ def _efficiency_view(query, model: str, table: queries.Table) -> None:
         return
     if "average" in rows:
         st.plotly_chart(charts.efficiency(rows, f"{model}: speed and score"), key="efficiency")
-    st.dataframe(rows, hide_index=True)
+    _table(scrub_frame(rows) if public else rows)
     st.caption(
         "Speed and memory come from `kvbench bench decode` at its own fixed K; scores at the selected budget."
     )
 
 
-def _policy_view(query, table: queries.Table) -> None:
+def _policy_view(query, table: queries.Table, public: bool) -> None:
     # the policies under test first, then the null and the full cache
     ordered = table.frame.sort_values(
         "role", key=lambda r: r.map({"policy": 0, "null": 1, "reference": 2}), kind="stable"
@@ -176,10 +370,11 @@ def _policy_view(query, table: queries.Table) -> None:
     if not names:
         st.info("No policy matches these filters.")
         return
+    permalink.from_url("policy", names)
     policy = st.selectbox("policy", names, key="policy")
     _describe(query("policy_documentation", policy), policy)
     runs = query("policy_runs", policy)
-    st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
+    _table(scrub_frame(runs.drop(columns=["run_id"])) if public else runs.drop(columns=["run_id"]))
     labels = {
         f"{r.model} / {r.task} / {r.protocol} / {_budget(r.budget, r.ratio)} {r.parameters} "
         f"({r.visibility}, run {r.run_id[:8]})": (r.run_id, r.visibility)
@@ -187,11 +382,40 @@ def _policy_view(query, table: queries.Table) -> None:
     }
     chosen = st.selectbox("problems of run", list(labels), key="drill")
     run_id, visibility = labels[chosen]
-    rows: pd.DataFrame = query("problems", run_id)
+    rows: queries.Capped = query("problems", run_id)
+    frame = rows.frame
     if visibility != "public":
         st.caption("A private task: only problem ids and verdicts are shown, never its text or outputs.")
-        rows = rows.drop(columns=["output"])
-    st.dataframe(rows, hide_index=True)
+        frame = frame.drop(columns=["output"])
+    _table(frame)
+    _cap_note(rows, "sample rows")
+
+
+def _downloads_view(query, database: Path, table: queries.Table) -> None:
+    frame, run_ids = table.frame, table.run_ids
+    files: dict[str, tuple[str, Callable[[], pd.DataFrame]]] = {
+        "the leaderboard table": ("kvbench-leaderboard", lambda: frame),
+        "the runs behind it": ("kvbench-runs", lambda: downloads.published_runs(database, run_ids)),
+        "their samples": ("kvbench-samples", lambda: downloads.published_samples(database, run_ids).frame),
+    }
+    for label, (stem, rows) in files.items():
+        # built when clicked (on Streamlit's thread for it), never on a page run
+        for kind, encode, mime in (
+            ("Parquet", downloads.parquet_bytes, "application/vnd.apache.parquet"),
+            ("CSV", downloads.csv_bytes, "text/csv"),
+        ):
+            st.download_button(
+                f"{label} ({kind})", downloads.deferred(encode, rows), file_name=f"{stem}.{kind.lower()}",
+                mime=mime, on_click="ignore", key=f"get_{stem}_{kind}",
+            )  # fmt: skip
+    total = query("sample_count", run_ids)
+    capped = f"; the files hold the first {ROW_CAP:,}" if total > ROW_CAP else ""
+    st.caption(
+        f"The table as shown; its {len(run_ids)} runs (without their resolved specs, which name local "
+        f"paths; hardware as CPU and GPU models); their {total:,} sample rows{capped}, each output cut at "
+        f"{OUTPUT_CAP:,} characters, and no output of a private task."
+    )
+    st.markdown(downloads.LICENCE)
 
 
 def _budget(budget, ratio) -> str:

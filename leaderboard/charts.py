@@ -78,3 +78,32 @@ def efficiency(rows: pd.DataFrame, title: str) -> go.Figure:
         yaxis_title="average score (selected budget)",
     )
     return figure
+
+
+def head_to_head(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Each task's paired difference A − B with its 95% interval, the pooled rows below, zero marked."""
+    ordered = rows.iloc[::-1]  # plotly draws the first category at the bottom: keep the table's order
+    pooled = ordered["task"].str.startswith("pooled")
+    figure = go.Figure()
+    for name, part, symbol in (
+        ("per task", ordered[~pooled], "circle"),
+        ("pooled", ordered[pooled], "diamond"),
+    ):
+        figure.add_trace(
+            go.Scatter(
+                x=part["Δ (A − B)"],
+                y=part["task"],
+                mode="markers",
+                name=name,
+                marker={"symbol": symbol, "size": 10},
+                error_x={
+                    "type": "data",
+                    "array": part["high"] - part["Δ (A − B)"],
+                    "arrayminus": part["Δ (A − B)"] - part["low"],
+                },
+            )
+        )
+    figure.add_vline(x=0, line={"dash": "dash", "color": "gray"})
+    figure.update_layout(title=title, xaxis_title="paired difference A − B (95% CI)", yaxis_title=None)
+    figure.update_yaxes(type="category", categoryorder="array", categoryarray=list(ordered["task"]))
+    return figure

@@ -11,16 +11,23 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import duckdb
 import pandas as pd
 
+from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
+from kvbench.leaderboard.public import ROW_CAP
+from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
 from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, most_complete, summarize
+
+EXACT, CONTINUOUS = "exact match", "continuous"
+"""Task kinds: a verdict per sample (pass@1, a probe's exact match) or a continuous metric (fidelity's
+top-1 agreement): the table pools each kind on its own beside the pooled average."""
 
 
 @contextmanager
@@ -129,6 +136,14 @@ def _context_or_first(
     return runtime, seed
 
 
+class ArmKey(NamedTuple):
+    """An arm of a table: a policy with its parameters (the stored JSON) and its role."""
+
+    policy: str
+    params: str
+    role: str
+
+
 @dataclass(frozen=True)
 class Table:
     frame: pd.DataFrame
@@ -136,6 +151,12 @@ class Table:
     average_over: list[str]
     """The tasks every arm in the table ran: the average, Δ and verdicts pool these."""
     run_ids: list[str]
+    arms: list[ArmKey] = field(default_factory=list)
+    """The arm of each row of ``frame``, in its order."""
+    kinds: dict[str, str] = field(default_factory=dict)
+    """Task -> EXACT or CONTINUOUS."""
+    metrics: dict[str, str] = field(default_factory=dict)
+    """Task -> the name of its metric as its spec declares it (when stored)."""
 
 
 def _in_table(run: StoredRun, compression: Compression) -> bool:
@@ -148,7 +169,7 @@ def _in_table(run: StoredRun, compression: Compression) -> bool:
 
 def _interval(estimate: Estimate) -> str:
     if math.isnan(estimate.value):
-        return "—"
+        return MISSING
     return f"{estimate.value:.3f} ± {(estimate.high - estimate.low) / 2:.3f}"
 
 
@@ -168,48 +189,113 @@ def leaderboard(
     the average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its
     verdict come from the paired sign test on those clusters, Holm-corrected across every policy at this
     model, protocol and compression. ``name`` then only selects which policies' rows are shown: a filter
-    never changes the family of the correction, hence never a verdict.
+    never changes the family of the correction, hence never a verdict. Where the pooled tasks mix exact
+    match with continuous metrics, each kind is also averaged alone (``average (KIND)``); each row names
+    the submission holding its runs and the badge of their newest verifications.
     """
     with connect(database) as con:
-        runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-        runs = [
-            r
-            for r in stored_runs(con, model=model, protocol=protocol)
-            if r.runtime == runtime and r.seed == seed and _in_table(r, compression)
-        ]
+        runs = table_runs(con, model, protocol, compression, runtime, seed)
         summaries = summarize(con, [r.run_id for r in runs], quantity)
-    tasks = sorted({r.task for r in runs if r.role != "reference"})
-    # the full cache serves every budget: only its runs on this table's tasks count here
-    runs = [r for r in runs if r.task in tasks]
-    common = common_tasks(runs)
-    null = next((r.policy for r in runs if r.role == "null"), "random")
-    arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null)
-    shown = [a for a in arms if a.role != "policy" or name.lower() in a.policy.lower()]
-    frame = pd.DataFrame.from_records([_record(arm, tasks, summaries) for arm in shown])
+        tasks = sorted({r.task for r in runs})
+        common = common_tasks(runs)
+        null = next((r.policy for r in runs if r.role == "null"), "random")
+        arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null)
+        shown = [a for a in arms if a.role != "policy" or name.lower() in a.policy.lower()]
+        run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
+        held = held_runs(con, run_ids)
+        metrics = _metrics(con, run_ids)
+    kinds = task_kinds(runs, summaries)
+    # a split by kind only where the ranked quantity is the tasks' own metric and the table mixes kinds
+    split = sorted({kinds[t] for t in common}) if quantity == "score" else []
+    records = [
+        _record(arm, tasks, summaries) | _by_kind(arm, common, kinds, summaries, split) | _badges(arm, held)
+        for arm in shown
+    ]
+    frame = pd.DataFrame.from_records(records)
+    keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
     if not frame.empty:
-        frame = frame.sort_values("average", ascending=False, kind="stable").reset_index(drop=True)
-    run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
-    return Table(frame, tasks, common, run_ids)
+        order = frame.sort_values("average", ascending=False, kind="stable").index
+        frame = frame.loc[order].reset_index(drop=True)
+        keys = [keys[i] for i in order]
+    return Table(frame, tasks, common, run_ids, keys, kinds, metrics)
+
+
+def table_runs(
+    con: duckdb.DuckDBPyConnection,
+    model: str,
+    protocol: str,
+    compression: Compression,
+    runtime: str | None,
+    seed: int | None,
+) -> list[StoredRun]:
+    """The runs of one table (the full cache's on the table's tasks only), in creation order."""
+    runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
+    runs = [
+        r
+        for r in stored_runs(con, model=model, protocol=protocol)
+        if r.runtime == runtime and r.seed == seed and _in_table(r, compression)
+    ]
+    tasks = {r.task for r in runs if r.role != "reference"}
+    # the full cache serves every budget: only its runs on this table's tasks count here
+    return [r for r in runs if r.task in tasks]
+
+
+def task_kinds(runs: list[StoredRun], summaries: dict[str, CellSummary]) -> dict[str, str]:
+    """A task is continuous when none of its samples has a correct/incorrect verdict (summary.py leaves
+    ``strict`` empty for those)."""
+    graded = {r.task for r in runs if summaries[r.run_id].strict}
+    return {r.task: EXACT if r.task in graded else CONTINUOUS for r in runs}
+
+
+def _metrics(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
+    found = con.execute(
+        "SELECT task, any_value(spec->'task'->>'metric') FROM runs WHERE list_contains(?, run_id) "
+        "GROUP BY task",
+        [run_ids],
+    ).fetchall()
+    return {task: metric for task, metric in found if metric}
+
+
+def _by_kind(
+    arm: ArmResult,
+    common: list[str],
+    kinds: dict[str, str],
+    summaries: dict[str, CellSummary],
+    split: list[str],
+) -> dict[str, str]:
+    """The arm's average over each kind of task, when the table has more than one kind."""
+    if len(split) < 2:
+        return {}
+    out = {}
+    for kind in split:
+        scores = pool({t: summaries[arm.runs[t].run_id].scores for t in common if kinds[t] == kind})
+        out[f"average ({kind})"] = _interval(bootstrap_mean(list(scores.values())))
+    return out
+
+
+def _badges(arm: ArmResult, held: pd.DataFrame) -> dict[str, str]:
+    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held)
+    return {"submission": submission, "verified": verified}
 
 
 def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary]) -> dict:
     test = arm.test
     record: dict = {"policy": arm.policy, "role": arm.role}
     for task in tasks:
-        record[task] = _interval(arm.per_task[task]) if task in arm.per_task else "—"
+        record[task] = _interval(arm.per_task[task]) if task in arm.per_task else MISSING
     record["average"] = arm.score.value
     record["average ± CI"] = _interval(arm.score)
     record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == "null" else math.nan)
     roles = {"null": "null", "reference": "reference", "policy": "no matching null"}
-    record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, "—")
+    record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, MISSING)
     record["p (Holm)"] = test.p_adjusted if test else math.nan
-    record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
+    record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING
     record["Δ vs full"] = arm.vs_full.value if arm.vs_full else math.nan
     record["K/N_avg"] = arm.k_over_n_avg
     samples = sum(summaries[run.run_id].samples for run in arm.runs.values())
     problems = sum(len(summaries[run.run_id].scores) for run in arm.runs.values())
     record["samples × problems"] = f"{samples // max(problems, 1)} × {problems}"
-    record["parameters"] = arm.params
+    record["parameters"] = parameters_text(arm.params)
     return record
 
 
@@ -217,7 +303,7 @@ BADGES = {"beats null": "beats null", "ties null": "ties", "loses to null": "los
 
 
 def _badge(verdict: str | None) -> str:
-    return BADGES.get(verdict or "", "—")
+    return BADGES.get(verdict or "", MISSING)
 
 
 _CURVE_RUNS = f"""
@@ -277,7 +363,7 @@ def budget_curves(
         groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)
     ):
         estimate = bootstrap_mean(list(pool(by_task).values()))
-        label = policy if len(settings[policy]) == 1 else f"{policy} {params}"
+        label = policy if len(settings[policy]) == 1 else setting_label(policy, params)
         records.append(
             {
                 "policy": label,
@@ -346,20 +432,36 @@ def policy_runs(database: Path, policy: str) -> pd.DataFrame:
         summaries = summarize(con, list(runs["run_id"]))
     estimates = [bootstrap_mean(list(summaries[r].scores.values())) for r in runs["run_id"]]
     runs["score"] = [e.value for e in estimates]
-    runs["95% CI"] = [f"[{e.low:.3f}, {e.high:.3f}]" for e in estimates]
+    runs["95% CI"] = [f"[{e.low:.3f}, {e.high:.3f}]" if e.problems else MISSING for e in estimates]
     runs["problems"] = [e.problems for e in estimates]
+    runs["parameters"] = runs["parameters"].map(parameters_text)
     return runs
 
 
-def problems(database: Path, run_id: str) -> pd.DataFrame:
-    """Per-sample rows of one run. Output text only for public tasks: a private task's is never selected."""
+class Capped(NamedTuple):
+    """The first rows of a selection, and how many it has in all."""
+
+    frame: pd.DataFrame
+    total: int
+
+    @property
+    def capped(self) -> bool:
+        return self.total > len(self.frame)
+
+
+def problems(database: Path, run_id: str, limit: int = ROW_CAP) -> Capped:
+    """Per-sample rows of one run, the first ``limit`` of them. Output text only for public tasks: a
+    private task's is never selected."""
     with connect(database) as con:
-        return con.execute(
+        rows = con.execute(
             "SELECT s.problem_id, s.sample, s.metric, s.correct, s.finish_reason, s.generated_tokens, "
             "s.evictions, CASE WHEN r.visibility = 'public' THEN s.output END AS output "
-            "FROM samples s JOIN runs r USING (run_id) WHERE s.run_id = ? ORDER BY s.problem_id, s.sample",
-            [run_id],
+            "FROM samples s JOIN runs r USING (run_id) WHERE s.run_id = ? ORDER BY s.problem_id, s.sample "
+            "LIMIT ?",
+            [run_id, limit],
         ).df()
+        found = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [run_id]).fetchone()
+    return Capped(rows, found[0] if found else 0)
 
 
 _PROVENANCE = """
@@ -374,9 +476,15 @@ FROM runs WHERE list_contains(?, run_id) ORDER BY label
 
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
-    """Where every number came from: run, spec hash, versions, hardware, date."""
+    """Where every number came from: run, spec hash, versions, hardware, date; for a submitted run, its
+    submission and the newest verification, with the machine that re-ran it (CPU and GPU models)."""
     with connect(database) as con:
-        return con.execute(_PROVENANCE, [run_ids]).df()
+        runs = con.execute(_PROVENANCE, [run_ids]).df()
+        held = held_runs(con, run_ids)
+    held = held.rename(columns={"submitter": "submission", "outcome": "verification"})
+    runs = runs.merge(held, on="run_id", how="left")
+    runs["submission"] = runs["submission"].fillna(LOCAL)
+    return runs
 
 
 def policy_documentation(database: Path, policy: str) -> dict | None:

@@ -182,10 +182,14 @@ def policy_documentation(policy: Policy) -> dict[str, Any]:
     produced the numbers, not of whatever version is installed where the leaderboard runs."""
     cls = type(policy)
     module = inspect.getmodule(cls)
+    source = Path(inspect.getfile(cls))
     return {
         "name": policy.name,
         "summary": inspect.getdoc(cls) or "",
         "module_doc": (module.__doc__ or "") if module is not None else "",
         "module": cls.__module__,
+        "class": cls.__qualname__,
+        # a submission ships a non-built-in scorer's file; `kvbench accept` checks it against this hash
+        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
         "needs": sorted(cls.needs),
     }

@@ -101,31 +101,37 @@ class RenderTiming:
 
 
 CASES = (
-    ("1 policy", dict(policies=1, problems=50)),
-    ("50 policies", dict(policies=50, problems=30)),
-    ("100k sample rows", dict(policies=50, problems=125)),
+    ("1 policy", dict(policies=1, problems=50), False),
+    ("50 policies", dict(policies=50, problems=30), False),
+    ("100k sample rows", dict(policies=50, problems=125), False),
+    ("100k sample rows, public mode", dict(policies=50, problems=125), True),
 )
+"""(label, store shape, whether the app runs in public mode, as `kvbench leaderboard --public`)."""
 
 
-def time_render(database: Path, label: str, policies: int, rows: int) -> RenderTiming:
+def time_render(database: Path, label: str, policies: int, rows: int, public: bool = False) -> RenderTiming:
     """Seconds for a fresh session to run the app script (queries, statistics, layout), then a rerun."""
     from streamlit.testing.v1 import AppTest
 
     import kvbench.leaderboard
     from kvbench.leaderboard.app import DATABASE_ENV
+    from kvbench.leaderboard.public import PUBLIC_ENV
 
     app = Path(kvbench.leaderboard.__file__).with_name("app.py")
-    saved = os.environ.get(DATABASE_ENV)
-    os.environ[DATABASE_ENV] = str(database)  # the app learns its database as under `kvbench leaderboard`
+    # the app learns its database and mode as under `kvbench leaderboard [--public]`
+    setting = {DATABASE_ENV: str(database), PUBLIC_ENV: "1" if public else ""}
+    saved = {name: os.environ.get(name) for name in setting}
+    os.environ.update(setting)
     try:
         started = time.perf_counter()
         test = AppTest.from_file(str(app), default_timeout=120).run()
         first = time.perf_counter() - started
     finally:
-        if saved is None:
-            os.environ.pop(DATABASE_ENV)
-        else:
-            os.environ[DATABASE_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
     if test.exception:
         raise RuntimeError(f"the app failed on {label}: {test.exception[0].message}")
     started = time.perf_counter()

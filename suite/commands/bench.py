@@ -250,10 +250,10 @@ def bench_leaderboard_command(args: argparse.Namespace) -> int:
     for column in ("store", "policies", "sample rows", "first render (s)", "rerun (s)"):
         table.add_column(column, justify="left" if column == "store" else "right")
     with tempfile.TemporaryDirectory(prefix="kvbench-board-") as scratch:
-        for label, shape in CASES:
-            database = Path(scratch) / f"{label.replace(' ', '-')}.duckdb"
+        for label, shape, public in CASES:
+            database = Path(scratch) / f"{label.replace(' ', '-').replace(',', '')}.duckdb"
             rows = synthetic_store(database, **shape)
-            timing = time_render(database, label, shape["policies"], rows)
+            timing = time_render(database, label, shape["policies"], rows, public)
             table.add_row(
                 label,
                 str(timing.policies),

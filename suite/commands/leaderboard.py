@@ -22,12 +22,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     board.add_argument(
         "--address", default="127.0.0.1", help="address to listen on (default: this machine only)"
     )
+    board.add_argument(
+        "--public",
+        action="store_true",
+        help="serve it to anyone: no local paths on the page, bounded tables, no error details",
+    )
     board.set_defaults(func=leaderboard_command)
 
 
 def leaderboard_command(args: argparse.Namespace) -> int:
     import kvbench.leaderboard
     from kvbench.leaderboard.app import DATABASE_ENV
+    from kvbench.leaderboard.public import PUBLIC_ENV
 
     app = Path(kvbench.leaderboard.__file__).with_name("app.py")
     command = [
@@ -41,9 +47,13 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         "--server.headless=true",
         "--browser.gatherUsageStats=false",
         "--client.toolbarMode=viewer",
+        # a traceback would show visitors this machine's paths
+        *(["--client.showErrorDetails=none"] if args.public else []),
     ]
-    print(f"kvbench leaderboard: http://{args.address}:{args.port} reading {args.db}", flush=True)
-    server = subprocess.Popen(command, env={**os.environ, DATABASE_ENV: str(args.db.resolve())})
+    mode = " (public)" if args.public else ""
+    print(f"kvbench leaderboard{mode}: http://{args.address}:{args.port} reading {args.db}", flush=True)
+    env = {**os.environ, DATABASE_ENV: str(args.db.resolve()), PUBLIC_ENV: "1" if args.public else ""}
+    server = subprocess.Popen(command, env=env)
     # `kill` of this process must end the server too, or a stopped leaderboard keeps its port
     signal.signal(signal.SIGTERM, lambda *_: server.terminate())
     try:

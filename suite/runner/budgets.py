@@ -117,6 +117,7 @@ def settle(cell: Cell, measurement: Measurement) -> Cell:
         data=cell.data,
         runtime=cell.runtime,
         measurement=measurement.record(),
+        suite=cell.suite,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,10 +93,17 @@ class Completed:
     timings: Timings
 
 
-def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Completed:
+def run_cells(
+    cells: Sequence[Cell],
+    out: Path,
+    *,
+    progress: bool = True,
+    only: Mapping[str, Collection[str]] | None = None,
+) -> Completed:
     """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems.
 
     Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
+    ``only`` (run id -> problem ids) runs just those problems of a cell: `kvbench verify`'s subset.
     """
     check_measurable(cells, out)
     timings = Timings()
@@ -107,7 +114,7 @@ def run_cells(cells: Sequence[Cell], out: Path, *, progress: bool = True) -> Com
         for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
             model_cells = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
             extra = provenance(runtime.device)
-            ran |= _run_model(model_cells, out, progress, extra, calibrations, timings, graders)
+            ran |= _run_model(model_cells, out, progress, extra, calibrations, timings, graders, only or {})
     finally:
         graders.close()
     return Completed(cells=[ran[c.run_id] for c in cells], timings=timings)
@@ -154,6 +161,7 @@ def _run_model(
     calibrations: dict,
     timings: Timings,
     graders: Graders,
+    only: Mapping[str, Collection[str]],
 ) -> dict[str, Cell]:
     """Run one model's cells; returns each planned cell's run id -> the cell as it ran."""
     spec, runtime = model_cells[0].model, model_cells[0].runtime
@@ -169,7 +177,15 @@ def _run_model(
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=not progress, transient=True) as bar:
             running = _ModelRun(
-                backend, out, extra, calibrations, timings, graders, bar, bar.add_task(spec.name, total=total)
+                backend,
+                out,
+                extra,
+                calibrations,
+                timings,
+                graders,
+                bar,
+                bar.add_task(spec.name, total=total),
+                only,
             )
             for cell in ready:  # the full arms among them, whose lengths set the pending budgets
                 running.run(cell, problems[cell.task.name])
@@ -194,6 +210,7 @@ class _ModelRun:
     graders: Graders
     bar: Progress
     bar_task: TaskID
+    only: Mapping[str, Collection[str]]
 
     def run(self, cell: Cell, problems: list) -> None:
         """Score every problem the cell has not stored; each problem's shard is written whole."""
@@ -203,11 +220,16 @@ class _ModelRun:
             "label": cell.label,
             "policy_doc": policy_documentation(cell.policy),
             "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
+            "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
         }
         store.write_manifest(cell.resolved, {**self.provenance, **documented})
         timings = self.timings
         calibration = _calibration(cell, self.backend, self.calibrations, timings)
+        chosen = self.only.get(cell.run_id)
         for problem in problems:
+            if chosen is not None and problem.problem_id not in chosen:
+                self.bar.advance(self.bar_task)
+                continue
             self.bar.update(self.bar_task, description=f"{cell.label} {problem.problem_id}")
             if store.has(problem.problem_id):
                 timings.reused += 1

@@ -67,7 +67,7 @@ def _fingerprint(path: Path) -> str:
 
 
 @contextmanager
-def _writer_lock(root: Path):
+def writer_lock(root: Path):
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".ingest.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -153,7 +153,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     read) beside the old one, which it replaces only once the new one is complete.
     """
     shard_root = root / "shards"
-    with _writer_lock(root):
+    with writer_lock(root):
         manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
         files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
         database = root / (f".rebuild.{DATABASE}" if rebuild else DATABASE)

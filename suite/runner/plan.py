@@ -19,7 +19,7 @@ from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
 from kvbench.graders.registry import sandboxed
 from kvbench.registry import make_policy, policy_record
-from kvbench.specs.loading import validate_values, with_overrides
+from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.specs.suite import SuiteSpec, load_suite
@@ -87,6 +87,9 @@ class Cell:
     pending: PendingBudget | None = None
     """Set until the budget follows a measured N_avg; ``budget`` is then the declared estimate (0 without
     one) and ``run_id`` provisional."""
+    suite: dict[str, str] | None = field(default=None, compare=False)
+    """The suite file the cell was planned from (name, sha256, text): provenance, not identity, since
+    suites that share a cell share its results."""
 
     @property
     def run_id(self) -> str:
@@ -146,6 +149,7 @@ def make_cell(
     runtime: Runtime = Runtime(),
     pending: PendingBudget | None = None,
     measurement: dict[str, Any] | None = None,
+    suite: dict[str, str] | None = None,
 ) -> Cell:
     """A cell and its identity; ``measurement`` records the measured N_avg a budget follows."""
     resolved = {
@@ -184,6 +188,7 @@ def make_cell(
         runtime,
         resolved,
         pending,
+        suite,
     )
 
 
@@ -271,6 +276,12 @@ def measurement_key(reference: Cell) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def suite_origin(suite: SuiteSpec, path: Path) -> dict[str, str]:
+    """What a run's manifest records of the suite it came from: a submission ships it, hashed."""
+    text = path.read_text(encoding="utf-8")
+    return {"name": suite.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "yaml": text}
+
+
 def plan(request: RunRequest) -> list[Cell]:
     """Every cell the request needs, baselines included, in a stable order.
 
@@ -287,6 +298,7 @@ def plan(request: RunRequest) -> list[Cell]:
         validate_values(BudgetRule, {"ratio": request.ratio}, {"ratio": "--ratio"}, {"ratio": request.ratio})
     runtime = _runtime(request)
     suite: SuiteSpec = load_suite(request.suite)
+    origin = suite_origin(suite, find_spec_file("suite", "suites", request.suite))
     if request.limit is not None:
         suite = with_overrides(suite, {"limit": request.limit}, {"limit": "--limit"})
     protocol = load_protocol(request.protocol or suite.protocol)
@@ -327,6 +339,7 @@ def plan(request: RunRequest) -> list[Cell]:
                 limit=suite.limit,
                 data=request.data,
                 runtime=runtime,
+                suite=origin,
             )
             # the full arm's identity does not depend on K: it names the measurement of N_avg
             full = cell_of(

@@ -5,78 +5,19 @@ Expected values are computed here independently, with plain SQL over the samples
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pytest
+from boardtest import APP, all_text, by_policy, chart_traces, frame, mean, open_app, sql_scores
 from streamlit.testing.v1 import AppTest
 
-import kvbench.leaderboard
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.app import DATABASE_ENV
 from kvbench.leaderboard.queries import Compression
 
-APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
 INJECTION = "' OR 1=1 --"
-
-
-def open_app(database: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
-    monkeypatch.setenv(DATABASE_ENV, str(database))
-    app = AppTest.from_file(APP, default_timeout=120).run()
-    assert not app.exception, app.exception
-    return app
-
-
-def frame(app: AppTest, tab: str, index: int = 0):
-    """The index-th table shown in one of the app's tabs."""
-    (view,) = [t for t in app.tabs if t.label == tab]
-    return view.dataframe[index].value
-
-
-def _decoded(value):
-    """Plotly writes numeric arrays as base64 typed arrays ({dtype, bdata}); lists stay lists."""
-    if isinstance(value, dict) and "bdata" in value:
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
-    return value
-
-
-def chart_traces(app: AppTest, tab: str) -> dict[str, dict]:
-    """The traces, by name, of the one plotly chart in a tab, arrays decoded."""
-    (view,) = [t for t in app.tabs if t.label == tab]
-    (chart,) = view.get("plotly_chart")
-    traces = json.loads(chart.proto.spec)["data"]
-    return {t["name"]: {k: _decoded(v) for k, v in t.items()} for t in traces}
-
-
-def by_policy(app: AppTest) -> dict[str, dict]:
-    frame_ = frame(app, "Leaderboard")
-    return {row["policy"]: row for row in frame_.to_dict("records")}
-
-
-def sql_scores(database: Path, ratio: float | None, budget: int | None = None) -> dict[str, dict]:
-    """Per policy and task: the mean over problems of the per-problem mean metric, straight from SQL."""
-    con = duckdb.connect(str(database), read_only=True)
-    try:
-        rows = con.execute(
-            "SELECT r.policy, s.task, s.problem_id, avg(s.metric) FROM samples s JOIN runs r USING (run_id) "
-            "WHERE r.model = 'tiny-qwen3' "
-            "AND (r.role = 'reference' OR r.ratio = ? OR (? IS NULL AND r.budget = ?)) GROUP BY ALL",
-            [ratio, ratio, budget],
-        ).fetchall()
-    finally:
-        con.close()
-    scores: dict[str, dict] = {}
-    for policy, task, problem, value in rows:
-        scores.setdefault(policy, {}).setdefault(task, {})[problem] = value
-    return scores
-
-
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
 
 
 def test_the_table_has_every_arm_with_values_from_the_samples(board_db: Path, monkeypatch) -> None:
@@ -135,7 +76,7 @@ def test_sql_in_a_filter_only_empties_the_selection(board_db: Path, monkeypatch)
         table = queries.leaderboard(board_db, model, INJECTION, Compression(2.0, None))
         assert table.frame.empty and table.run_ids == []
     assert queries.choices(board_db, INJECTION).protocols == []
-    assert queries.problems(board_db, INJECTION).empty
+    assert queries.problems(board_db, INJECTION).frame.empty
 
 
 def test_budget_curves_carry_every_policy_the_null_band_and_full(board_db: Path, monkeypatch) -> None:
@@ -191,19 +132,9 @@ def test_policy_page_drills_down_to_outputs_but_never_private_text(board_db: Pat
     assert "output" not in rows.columns and len(rows) == 2 and rows["problem_id"].str.len().gt(0).all()
     stored = queries.policy_runs(board_db, "snapkv")
     private_run = stored.loc[stored["task"] == "gpqa-diamond", "run_id"].iloc[0]
-    assert queries.problems(board_db, private_run)["output"].isna().all()
-    shown = " ".join(str(v) for v in _all_text(app))
+    assert queries.problems(board_db, private_run).frame["output"].isna().all()
+    shown = " ".join(all_text(app))
     assert "PRIVATE-" not in shown  # every text of the private fixture carries this marker
-
-
-def _all_text(app: AppTest):
-    """Every value the page shows: texts, and every cell of every table."""
-    for element in app.markdown:
-        yield element.value
-    for element in app.caption:
-        yield element.value
-    for element in app.dataframe:
-        yield from element.value.astype(str).to_numpy().ravel()
 
 
 def test_provenance_names_every_run_behind_the_table(board_db: Path, monkeypatch) -> None:
@@ -264,3 +195,51 @@ def test_the_app_reads_the_snapshot_while_a_run_writes(board_db: Path, tmp_path:
     assert run.returncode == 0, run.stderr
     app.run()  # the newly published snapshot is read afresh
     assert "h2o" in by_policy(app)
+
+
+def test_empty_cells_show_a_dash_and_parameters_read_as_key_value(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)
+    app.selectbox(key="policy").set_value("snapkv").run()
+    for table in app.dataframe:
+        assert table.proto.placeholder == "—"  # what Streamlit prints for a missing value
+    con = duckdb.connect(str(board_db), read_only=True)
+    (stored,) = con.execute("SELECT DISTINCT policy_params FROM runs WHERE policy = 'snapkv'").fetchone()
+    con.close()
+    expected = ", ".join(f"{k}={v}" for k, v in json.loads(stored).items())
+    assert expected.startswith("window=64")
+    rows = by_policy(app)
+    assert rows["snapkv"]["parameters"] == expected and rows["random"]["parameters"] == "—"
+    assert rows["full"]["W/T/L"] == "—" and rows["full"]["verdict"] == "reference"
+    assert set(frame(app, "Policy")["parameters"]) == {expected}
+    assert any(expected in option for option in app.selectbox(key="drill").options)
+    shown = list(all_text(app))
+    assert not any(text in ("None", "{}", "nan") or text.startswith('{"') for text in shown)
+
+
+def test_the_average_says_what_it_pools_and_each_kind_is_averaged_alone(board_db: Path, monkeypatch) -> None:
+    """At 2x the table mixes passkey (exact match) with fidelity (top-1 agreement, continuous)."""
+    app = open_app(board_db, monkeypatch)
+    expected = sql_scores(board_db, 2.0)
+    for policy, row in by_policy(app).items():
+        passkey, fidelity = expected[policy]["passkey"], expected[policy]["fidelity"]
+        assert float(row["average (exact match)"].split(" ± ")[0]) == pytest.approx(
+            mean(passkey.values()), abs=5e-4
+        )
+        assert float(row["average (continuous)"].split(" ± ")[0]) == pytest.approx(
+            mean(fidelity.values()), abs=5e-4
+        )
+        assert row["average"] == pytest.approx(mean([*passkey.values(), *fidelity.values()]))
+    con = duckdb.connect(str(board_db), read_only=True)
+    metric = dict(
+        con.execute("SELECT task, any_value(spec->'task'->>'metric') FROM runs GROUP BY task").fetchall()
+    )
+    con.close()
+    (caption,) = [c.value for c in app.caption if "*average* pools" in c.value]
+    assert f"fidelity (continuous: {metric['fidelity']})" in caption
+    assert f"passkey (exact match: {metric['passkey']})" in caption
+    assert "*average (exact match)*" in caption
+    # one kind only (gsm8k and gpqa are both graded): no split, and the caption does not claim one
+    app.sidebar.selectbox(key="compression").set_value(Compression(None, 384)).run()
+    assert not any(c.startswith("average (") for c in frame(app, "Leaderboard").columns)
+    (caption,) = [c.value for c in app.caption if "*average* pools" in c.value]
+    assert "gsm8k (exact match" in caption and "*average (exact match)*" not in caption

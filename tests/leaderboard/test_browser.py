@@ -1,7 +1,9 @@
-"""The leaderboard served by `kvbench leaderboard` and loaded in Debian's chromium, headless.
+"""The leaderboard served by `kvbench leaderboard --public` and loaded in Debian's chromium, headless.
 
-Playwright drives the system chromium (no browser download); the rendered DOM is checked for the
-policies and a verdict badge, and a screenshot is kept in artifacts/ (or $KVBENCH_ARTIFACTS).
+Playwright drives the system chromium (no browser download); one server and one browser serve every
+test, each in a fresh context. The rendered DOM is checked for the policies, a verdict badge and the
+absence of local paths, and a permalink is opened on the head-to-head it names; screenshots are kept
+in artifacts/ (or $KVBENCH_ARTIFACTS).
 """
 
 from __future__ import annotations
@@ -12,10 +14,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 ARTIFACTS = Path(os.environ.get("KVBENCH_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts"))
@@ -60,50 +68,20 @@ def wait_until_healthy(url: str, server: subprocess.Popen, timeout: float = 90) 
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
-@pytest.mark.slow
-def test_the_leaderboard_renders_in_headless_chromium(board_db: Path, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
-    executable = chromium()
+@pytest.fixture(scope="module")
+def served(board_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One `kvbench leaderboard --public` for every test here; stopping it must stop Streamlit too."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("w")
+    log = (tmp_path_factory.mktemp("served") / "server.log").open("w")
     server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(board_db), "--port", str(port)], stdout=log, stderr=log
+        [KVBENCH, "leaderboard", "--db", str(board_db), "--port", str(port), "--public"],
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_until_healthy(url, server)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),  # a fresh user-data-dir
-                executable_path=executable,
-                headless=True,
-                args=FLAGS[1:],
-                viewport={"width": 1600, "height": 1000},
-            )
-            try:
-                page = browser.new_page()
-                started = time.perf_counter()
-                page.goto(url)
-                board = page.get_by_role("tabpanel", name="Leaderboard")
-                board.get_by_text("Against the null").wait_for(timeout=90_000)
-                table = board.get_by_test_id("stDataFrame")
-                # the grid paints on a canvas; its cells are in the DOM as an accessible (hidden) table
-                table.locator("canvas").first.wait_for(state="visible", timeout=30_000)
-                cell = table.locator("[role=gridcell]").filter(has_text="snapkv").first
-                cell.wait_for(state="attached", timeout=30_000)
-                seconds = time.perf_counter() - started
-                text = table.text_content()
-                for name in ("snapkv", "streaming", "random", "full", "fidelity", "passkey"):
-                    assert name in text, name
-                badges = board.locator("span.stMarkdownBadge").all_text_contents()
-                assert len(badges) == 2 and set(badges) <= {"beats null", "ties", "loses"}, badges
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "leaderboard.png"), full_page=True)
-                (ARTIFACTS / "leaderboard.dom.html").write_text(page.content())
-                print(f"leaderboard table visible in chromium {seconds:.1f} s after navigation")
-            finally:
-                browser.close()
+        yield url
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -111,3 +89,74 @@ def test_the_leaderboard_renders_in_headless_chromium(board_db: Path, tmp_path: 
     with pytest.raises(OSError):  # stopping `kvbench leaderboard` stopped its Streamlit server too
         time.sleep(2)
         urllib.request.urlopen(f"{url}/_stcore/health", timeout=5)
+
+
+@pytest.fixture(scope="module")
+def browser(served: str) -> Iterator[Browser]:
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium()
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=FLAGS[1:])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def fresh_page(browser: Browser) -> Page:
+    """A page in a new context: no cookies, storage or session of an earlier test."""
+    return browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+
+
+@pytest.mark.slow
+def test_the_public_leaderboard_renders_in_headless_chromium(
+    served: str, browser: Browser, board_db: Path
+) -> None:
+    page = fresh_page(browser)
+    started = time.perf_counter()
+    page.goto(served)
+    board = page.get_by_role("tabpanel", name="Leaderboard")
+    board.get_by_text("Against the null").wait_for(timeout=90_000)
+    table = board.get_by_test_id("stDataFrame")
+    # the grid paints on a canvas; its cells are in the DOM as an accessible (hidden) table
+    table.locator("canvas").first.wait_for(state="visible", timeout=30_000)
+    cell = table.locator("[role=gridcell]").filter(has_text="snapkv").first
+    cell.wait_for(state="attached", timeout=30_000)
+    seconds = time.perf_counter() - started
+    text = table.text_content()
+    for name in ("snapkv", "streaming", "random", "full", "fidelity", "passkey"):
+        assert name in text, name
+    badges = board.locator("span.stMarkdownBadge").all_text_contents()
+    assert len(badges) == 2 and set(badges) <= {"beats null", "ties", "loses"}, badges
+    page.get_by_text("Published snapshot").wait_for(state="attached", timeout=30_000)
+    dom = page.content()
+    assert str(board_db.parents[1]) not in dom and "database:" not in dom  # no local path in public mode
+    assert "compression=2x" in page.url  # the page wrote its selection into the address bar
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "leaderboard.png"), full_page=True)
+    (ARTIFACTS / "leaderboard.dom.html").write_text(dom)
+    print(f"leaderboard table visible in chromium {seconds:.1f} s after navigation")
+    page.context.close()
+
+
+@pytest.mark.slow
+def test_a_permalink_opens_the_head_to_head_it_names(served: str, browser: Browser) -> None:
+    query = {"compression": "4x", "view": "Head-to-head", "pair_a": "snapkv", "pair_b": "full (full cache)"}
+    page = fresh_page(browser)
+    page.goto(f"{served}/?{urllib.parse.urlencode(query)}")
+    panel = page.get_by_role("tabpanel", name="Head-to-head")
+    grid = panel.get_by_test_id("stDataFrame").first
+    grid.locator("[role=gridcell]").filter(has_text="pooled").first.wait_for(state="attached", timeout=90_000)
+    assert "fidelity" in grid.text_content() and "passkey" in grid.text_content()
+    assert panel.get_by_test_id("stPlotlyChart").count() == 1
+    assert page.get_by_role("tab", name="Head-to-head").get_attribute("aria-selected") == "true"
+
+    def chosen(label: str) -> str:  # a selectbox is a combobox named by its label, holding its value
+        return page.get_by_role("combobox", name=label, exact=True).input_value()
+
+    assert chosen("compression") == "4x (K = N_avg/4)"
+    assert (chosen("A"), chosen("B")) == ("snapkv", "full (full cache)")
+    assert all(f"{k}={urllib.parse.quote_plus(v)}" in page.url for k, v in query.items()), page.url
+    page.screenshot(path=str(ARTIFACTS / "leaderboard-head-to-head.png"), full_page=True)
+    page.context.close()

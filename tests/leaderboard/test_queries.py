@@ -39,11 +39,11 @@ def test_a_policy_with_two_settings_is_two_arms_and_two_curves(tmp_path: Path) -
     con.close()
     table = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
     settings = table.loc[table["policy"] == "policy-00", "parameters"]
-    assert sorted(settings) == ['{"window": 32}', "{}"]
+    assert sorted(settings) == ["window=32", "—"]
     curves = queries.budget_curves(database, "synthetic", "protect-prompt")
     assert set(curves["policy"]) == {
-        "policy-00 {}",
-        'policy-00 {"window": 32}',
+        "policy-00 (defaults)",
+        "policy-00 (window=32)",
         "policy-01",
         "policy-02",
         "random",
@@ -51,7 +51,7 @@ def test_a_policy_with_two_settings_is_two_arms_and_two_curves(tmp_path: Path) -
     }
     one, other = (
         curves.loc[curves["policy"] == label, "score"].item()
-        for label in ("policy-00 {}", 'policy-00 {"window": 32}')
+        for label in ("policy-00 (defaults)", "policy-00 (window=32)")
     )
     assert one + other == 1.0  # each setting's own samples, not a mixture
 

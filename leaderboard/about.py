@@ -1,0 +1,65 @@
+"""The About page: what the numbers mean and how results get onto the board (Markdown)."""
+
+from __future__ import annotations
+
+from kvbench.results.stats import DRAWS
+
+ABOUT = f"""
+### What is compared
+
+Every policy is a **scorer**: at an eviction event it scores the cached tokens of one layer, and the
+engine keeps the best ones. Everything else is the protocol's, identical for every policy in a table:
+
+- **Budget K**: the cache length per layer and KV head right after an eviction, the buffer included. A
+  ratio budget (`4x`) sets K = N_avg / 4, rounded to a multiple of B (at least 2B); N_avg is the full
+  cache's mean generated length on the same problems (a probe's trace length). K/N_avg in the table is
+  the share actually used.
+- **Buffer B** (64 by default): the B newest tokens are never candidates. A layer evicts when it holds
+  more than K slots and the excess is a multiple of B, so the cache grows from K to K + B between events.
+- **Prompt protection**: under `protect-prompt` the whole prompt is always kept (other protocols keep
+  the first n tokens, or nothing); the policy chooses among the generated tokens only.
+- **Seeds**: each sample's seed derives from (protocol seed, task, problem, sample), each eviction
+  draw from (sample seed, layer, event). A policy and the null see the same problems with the same seeds.
+
+Tables compare arms within one model, protocol, runtime (adapter/device/dtype/attention), protocol seed
+and compression.
+
+### The null: Random Attention
+
+The baseline every policy must beat keeps a uniformly random subset of the candidates, independently
+per KV head and layer, under the same protection, budget and buffer. A scorer that does not beat it
+shows no evidence that its scores carry information about which tokens matter. The **full cache**
+(no eviction) is the ceiling.
+
+### Statistics
+
+- A cell is the mean over problems of each problem's mean over its samples (pass@1 for graded tasks,
+  the probe's metric otherwise), with a 95% percentile bootstrap interval over problems
+  ({DRAWS:,} draws; a problem's samples are resampled together).
+- **Δ vs null** pairs the two arms on the problems both ran (pooled tasks: on (task, problem) clusters):
+  the mean paired difference with a paired bootstrap interval over problems.
+- The **verdict** is an exact two-sided sign test on the problems where the arms differ (wins against
+  losses), **Holm-corrected** across the policies of the table at α = 0.05: *beats null*, *ties* or
+  *loses*. Problems present in only one arm are left out and counted. With few problems no verdict is
+  possible: 4 problems give a smallest p of 0.125.
+- The *average* pools the tasks every arm of the table ran; where the table mixes tasks with a
+  correct/incorrect verdict per sample (exact match, pass@1) and continuous metrics (fidelity's
+  agreement with the full cache), each kind is also averaged on its own.
+- **Head-to-head** applies the same paired machinery to any two arms of a table, per task (p-values
+  Holm-corrected across the tasks shown) and pooled.
+
+### Submitting results
+
+1. Run kvbench on your policy (`kvbench run ...`, the null and the full cache come with it), then pack
+   the runs: `kvbench export my-policy.kvbench.tar.gz --policy NAME --submitter "name, contact"`
+   (`--scorer FILE` ships the source of a policy that is not built in).
+2. Send the bundle to the maintainers.
+3. A maintainer checks it against every rule and adds it to the board: `kvbench accept BUNDLE --db PATH`.
+   Its rows then show the submitter and *not verified*.
+4. `kvbench verify BUNDLE --sample N --db PATH` re-runs N seeded problems per task on the maintainer's
+   machine: on the same runtime the outputs must be identical, on another the score must fall within the
+   bundle's 95% interval. Rows become *verified* or *failed*; Provenance names the machine.
+5. `kvbench withdraw DIGEST --db PATH --reason ...` takes a submission off the board.
+
+Rows marked *local* come from runs no submission holds.
+"""

@@ -1,0 +1,190 @@
+"""``kvbench export``, ``accept``, ``verify`` and ``withdraw``: results from many machines onto one board.
+
+A submitter packs runs with `kvbench export`; a leaderboard maintainer checks and records the bundle
+with `kvbench accept BUNDLE --db PATH`, re-runs a sample of it with `kvbench verify`, and can take it
+back with `kvbench withdraw`. The rules are in kvbench.submissions.rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from kvbench.commands.common import console
+from kvbench.errors import SpecError
+
+if TYPE_CHECKING:
+    from kvbench.submissions.rules import Checked
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="pack runs (with their null and full-cache runs) into a bundle"
+    )
+    export.add_argument("bundle", type=Path, help="the bundle file to write (e.g. my-scorer.kvbench.tar.gz)")
+    export.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    export.add_argument("--run", action="append", default=[], help="a run id or unique prefix (repeatable)")
+    export.add_argument("--policy", action="append", default=[], help="every run of a policy (repeatable)")
+    export.add_argument(
+        "--scorer",
+        type=Path,
+        action="append",
+        default=[],
+        help="source file of a policy that is not built in (repeatable)",
+    )
+    export.add_argument("--suite", help="the suite of runs made before kvbench recorded it")
+    export.add_argument("--submitter", default="", help="who submits (name, group, contact)")
+    export.add_argument("--description", default="", help="what the submission is")
+    export.set_defaults(func=export_command)
+
+    accept = commands.add_parser("accept", help="check a bundle against every rule and add it to a board")
+    accept.add_argument("bundle", type=Path)
+    accept.add_argument("--db", type=Path, required=True, help="the leaderboard's DuckDB file")
+    accept.add_argument("--by", help="who accepts it (default: this user)")
+    accept.set_defaults(func=accept_command)
+
+    verify = commands.add_parser("verify", help="re-run a seeded sample of a bundle's problems here")
+    verify.add_argument("bundle", type=Path)
+    verify.add_argument("--sample", type=int, default=2, help="problems per task to re-run (default 2)")
+    verify.add_argument("--seed", type=int, default=0, help="seed of the draw of problems (default 0)")
+    verify.add_argument("--db", type=Path, help="record the outcome in this leaderboard database")
+    verify.add_argument("--device", help="re-run on another device (then scores are compared, not outputs)")
+    verify.add_argument("--attention", help="re-run with another attention implementation (likewise)")
+    verify.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="TASK=PATH",
+        help="a local copy of a task's data, for runs made with --data",
+    )
+    verify.add_argument("--json", type=Path, help="also write the outcomes to this JSON file")
+    verify.add_argument("--quiet", action="store_true", help="no progress bar")
+    verify.set_defaults(func=verify_command)
+
+    withdraw = commands.add_parser("withdraw", help="take an accepted submission off a board")
+    withdraw.add_argument("digest", help="the bundle's sha256 or a unique prefix")
+    withdraw.add_argument("--db", type=Path, required=True)
+    withdraw.add_argument("--reason", required=True, help="why (kept with the record)")
+    withdraw.set_defaults(func=withdraw_command)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from kvbench.submissions.export import export
+
+    done = export(
+        args.out,
+        args.bundle,
+        run_ids=args.run,
+        policies=args.policy,
+        scorers=args.scorer,
+        suite=args.suite,
+        submitter=args.submitter,
+        description=args.description,
+    )
+    console.print(
+        f"{done.path}: {done.runs} runs, {done.samples} samples, {done.size:,} bytes, sha256 {done.sha256}"
+    )
+    return 0
+
+
+@contextmanager
+def _checked(bundle: Path) -> Iterator[tuple[Path, Checked]]:
+    from kvbench.submissions.bundle import open_bundle
+    from kvbench.submissions.rules import Checked, check_bundle
+
+    if not bundle.is_file():
+        raise SpecError(f"no bundle file {bundle}")
+    with tempfile.TemporaryDirectory() as folder_name:
+        folder = Path(folder_name)
+        failures = open_bundle(bundle, folder)
+        checked = Checked({}, failures=failures) if failures else check_bundle(folder)
+        yield folder, checked
+
+
+def _refused(bundle: Path, failures: list) -> int:
+    console.print(
+        f"[bold red]{bundle}: refused[/], {len(failures)} rule(s) broken; nothing was written:",
+        highlight=False,
+    )
+    for failure in failures:
+        console.print(f"  {failure}", highlight=False, markup=False, soft_wrap=True)
+    return 1
+
+
+def accept_command(args: argparse.Namespace) -> int:
+    from kvbench.submissions.board import accept
+    from kvbench.submissions.bundle import sha256_file
+
+    started = time.perf_counter()
+    with _checked(args.bundle) as (_, checked):
+        if checked.failures:
+            return _refused(args.bundle, checked.failures)
+        done = accept(args.bundle, sha256_file(args.bundle), checked, args.db, args.by)
+    console.print(
+        f"accepted {done.sha256[:16]}: {done.runs} runs ({done.added} new), {done.samples} samples "
+        f"into {args.db} in {time.perf_counter() - started:.1f} s; the board reads {done.snapshot}",
+        highlight=False,
+    )
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    from kvbench.submissions.board import record_verification
+    from kvbench.submissions.bundle import sha256_file
+    from kvbench.submissions.verify import verify
+
+    if args.sample < 1:
+        raise SpecError(f"--sample {args.sample}: re-run at least 1 problem per task")
+    data = {}
+    for item in args.data:
+        task, eq, path = item.partition("=")
+        if not eq or not task:
+            raise SpecError(f"--data {item!r}: give TASK=PATH")
+        data[task] = Path(path)
+    started = time.perf_counter()
+    with _checked(args.bundle) as (folder, checked):
+        if checked.failures:
+            return _refused(args.bundle, checked.failures)
+        outcomes = verify(
+            folder,
+            checked,
+            count=args.sample,
+            seed=args.seed,
+            device=args.device,
+            attention=args.attention,
+            data=data,
+            progress=not args.quiet,
+        )
+    sha256 = sha256_file(args.bundle)
+    table = Table("run", "cell", "outcome", "method", "problems", "detail", title=f"verify {sha256[:16]}")
+    for o in outcomes:
+        table.add_row(o.run_id, o.label, o.outcome, o.method, str(o.problems), o.detail)
+    console.print(table)
+    console.print(
+        f"{time.perf_counter() - started:.1f} s on {json.dumps(outcomes[0].machine) if outcomes else '-'}",
+        highlight=False,
+        markup=False,
+    )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"bundle_sha256": sha256, "outcomes": [o.record() for o in outcomes]})
+        )
+    if args.db is not None:
+        record_verification(args.db, sha256, [o.record() for o in outcomes])
+    return 1 if any(o.outcome == "failed" for o in outcomes) else 0
+
+
+def withdraw_command(args: argparse.Namespace) -> int:
+    from kvbench.submissions.board import withdraw
+
+    sha256, removed = withdraw(args.db, args.digest, args.reason)
+    console.print(f"withdrew {sha256[:16]}: {removed} run(s) removed from {args.db}", highlight=False)
+    return 0

@@ -1,0 +1,89 @@
+"""What a bundle's runs hold, read the same way on the exporting and the accepting side: each run's
+manifest and shards, its samples in an in-memory DuckDB, and the output digest `kvbench check` uses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from kvbench.results.check import outputs_digest
+from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
+from kvbench.runner.store import read_manifest, read_shard
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One run's files in a folder laid out as ``<run_id>/manifest.json`` and ``<run_id>/*.parquet``."""
+
+    run_id: str
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.manifest["spec"]
+
+    @property
+    def role(self) -> str:
+        return self.manifest.get("role") or "policy"
+
+    @property
+    def shards(self) -> list[Path]:
+        return sorted(self.folder.glob("*.parquet"))
+
+
+def spec_identity(spec: Any) -> str:
+    """A run id recomputed from its resolved spec (or a part of it), as the planner hashes a spec."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:
+    """Every run folder under ``root`` with a readable manifest, and the folders without one."""
+    runs, broken = [], []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        manifest = read_manifest(folder / "manifest.json")
+        if manifest is None:
+            broken.append(folder.name)
+        else:
+            runs.append(StoredRun(folder.name, folder, manifest))
+    return runs, broken
+
+
+def load_samples(runs: list[StoredRun]) -> tuple[duckdb.DuckDBPyConnection, list[tuple[Path, str]]]:
+    """An in-memory DuckDB whose ``samples`` table holds every shard of ``runs``, and the shards that do
+    not read back (each with why)."""
+    con = duckdb.connect()
+    con.execute(table_ddl(SampleRecord, "samples", SAMPLE_KEY))
+    tables, bad = [], []
+    for run in runs:
+        for shard in run.shards:
+            read = read_shard(shard)
+            if isinstance(read, str):
+                bad.append((shard, read))
+            else:
+                tables.append(read)
+    if tables:
+        con.register("loaded", pa.concat_tables(tables))
+        try:  # INSERT OR IGNORE would hide a duplicated sample; the primary key refuses it
+            con.execute("INSERT INTO samples BY NAME SELECT * FROM loaded")
+        except duckdb.ConstraintException as exc:
+            bad.append((runs[0].folder.parent, f"a sample appears twice ({str(exc).splitlines()[0]})"))
+        con.unregister("loaded")
+    return con, bad
+
+
+def arrow_rows(con: duckdb.DuckDBPyConnection, query: str, params: list[Any]) -> pa.Table:
+    """A query's rows as an Arrow table (DuckDB 2 names the call ``to_arrow_table``, earlier ``arrow``)."""
+    relation = con.sql(query, params=params)
+    return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
+
+
+def output_digests(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
+    return {run_id: outputs_digest(con, run_id) for run_id in run_ids}

@@ -1,0 +1,247 @@
+"""`kvbench verify`: re-run a seeded random subset of a bundle's problems on this machine and compare.
+
+Each run is rebuilt from its resolved spec with this kvbench's specs and policies (a shipped scorer for
+a policy that is not built in), and must hash to the same identity. The same N problems per task are
+re-run in every run of that task, so a policy and its null are checked on the same problems.
+
+- Same runtime (adapter, device kind, dtype, attention): the runs are deterministic given their seeds,
+  so the outputs must be identical: the output digest over the chosen problems must match.
+- Another runtime (``--device`` or ``--attention`` given): outputs may differ in the last bits, so the
+  score must: with the chosen problems' scores replaced by the re-run's, the run's mean must fall within
+  the 95% interval the bundle's samples give.
+
+Outcome per run: ``verified``, ``failed``, or ``not verified`` (it cannot run here: its adapter, device,
+data or scorer is missing), with the machine that checked it.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import yaml
+
+from kvbench.errors import KvbenchError
+from kvbench.provenance import describe_machine
+from kvbench.registry import builtin_policies, find_policy, make_policy
+from kvbench.results.check import outputs_digest
+from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
+from kvbench.results.stats import bootstrap_mean
+from kvbench.results.summary import summarize
+from kvbench.runner.execute import run_cells
+from kvbench.runner.plan import Cell, Runtime, make_cell
+from kvbench.specs.model import ModelSpec
+from kvbench.specs.protocol import ProtocolSpec
+from kvbench.specs.task import TaskSpec
+from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, spec_identity, stored_runs
+from kvbench.submissions.pairing import reference_of
+from kvbench.submissions.rules import Checked
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run_id: str
+    label: str
+    outcome: str
+    """``verified``, ``failed`` or ``not verified``."""
+    method: str
+    """``identical outputs`` or ``within interval``."""
+    problems: int
+    detail: str
+    machine: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        return self.__dict__
+
+
+def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[str]]:
+    """Task -> ``count`` problem ids drawn with ``seed`` from those every run of the task holds."""
+    assert checked.samples is not None
+    by_task: dict[str, set[str] | None] = {}
+    for run in checked.runs:
+        ids = {
+            r[0]
+            for r in checked.samples.execute(
+                "SELECT DISTINCT problem_id FROM samples WHERE run_id = ?", [run.run_id]
+            ).fetchall()
+        }
+        task = run.spec["task"]["name"]
+        held = by_task.get(task)
+        by_task[task] = ids if held is None else held & ids
+    draw = random.Random(seed)
+    return {
+        task: sorted(draw.sample(sorted(ids or ()), min(count, len(ids or ()))))
+        for task, ids in sorted(by_task.items())
+    }
+
+
+def reference_budget(run: StoredRun, runs: list[StoredRun]) -> int:
+    """The K a full-cache run ran beside. Its identity carries none (it never evicts), but the fidelity
+    probe scores the full arm's predictions from the first event of that K on, so its stored token
+    counts follow it: the K of the first arm planned beside it, the suite's first ratio in a sweep."""
+    beside = {
+        r.spec["ratio"]: r.spec["budget"]
+        for r in runs
+        if r.role != "reference" and reference_of(r, runs) is run
+    }
+    suite = yaml.safe_load((run.manifest.get("suite") or {}).get("yaml") or "{}") or {}
+    for ratio in suite.get("ratios") or []:
+        if ratio in beside:
+            return beside[ratio]
+    return max(beside.values(), default=run.spec["protocol"]["buffer"] + 1)
+
+
+def rebuild(
+    run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, Path], reference_budget: int = 0
+) -> Cell:
+    """The cell a run's resolved spec describes, built by this kvbench; its identity must be the run's
+    (up to the runtime asked for and where the task's data lies here)."""
+    spec, doc = run.spec, run.manifest.get("policy_doc") or {}
+    name, params = spec["policy"]["name"], spec["policy"]["params"]
+    if name in builtin_policies():
+        policy = make_policy(name, **params)
+    else:
+        scorer = folder / "scorers" / f"{name}.py"
+        if not scorer.is_file() or "class" not in doc:
+            raise KvbenchError(f"policy {name!r} is not built in and the bundle ships no runnable scorer")
+        policy = find_policy(str(scorer), doc["class"]).cls(**params)
+    local = None
+    if spec.get("data") is not None:
+        task = spec["task"]["name"]
+        if task not in data:
+            raise KvbenchError(
+                f"task {task!r} ran on a local copy of its data: give it with --data {task}=PATH"
+            )
+        local = str(data[task])
+    cell = make_cell(
+        ModelSpec.model_validate(spec["model"]),
+        TaskSpec.model_validate(spec["task"]),
+        policy,
+        ProtocolSpec.model_validate({**spec["protocol"], "description": ""}),
+        budget=spec["budget"] if spec["budget"] is not None else reference_budget,
+        n_avg=spec["n_avg"],
+        ratio=spec["ratio"],
+        samples=spec["samples"],
+        limit=spec["limit"],
+        role=run.role,  # type: ignore[arg-type]  # a role the rules checked
+        data=local,
+        runtime=runtime,
+        measurement=spec.get("n_avg_measurement"),
+    )
+    expected = {**spec, "runtime": cell.resolved["runtime"]}
+    if local is not None:
+        if cell.resolved["data"]["sha256"] != spec["data"]["sha256"]:
+            raise KvbenchError(f"--data for {spec['task']['name']}: its content is not the data the run used")
+        expected["data"] = cell.resolved["data"]
+    if spec_identity(cell.resolved) != spec_identity(expected):
+        differs = sorted(
+            k for k in expected if spec_identity(expected[k]) != spec_identity(cell.resolved.get(k))
+        )
+        raise KvbenchError(
+            f"this kvbench rebuilds another spec from this run (differs in: {', '.join(differs)})"
+        )
+    return cell
+
+
+def _subset(con: duckdb.DuckDBPyConnection, run_id: str, problems: list[str]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB holding only ``problems`` of one run, under ``run_id``."""
+    rows = arrow_rows(
+        con, "SELECT * FROM samples WHERE run_id = ? AND list_contains(?, problem_id)", [run_id, problems]
+    )
+    subset = duckdb.connect()
+    subset.execute(table_ddl(SampleRecord, "samples", SAMPLE_KEY))
+    subset.register("rows", rows)
+    subset.execute("INSERT INTO samples BY NAME SELECT * FROM rows")
+    return subset
+
+
+def _judge(
+    run: StoredRun,
+    cell: Cell,
+    checked: Checked,
+    rerun: duckdb.DuckDBPyConnection,
+    problems: list[str],
+    exact: bool,
+) -> tuple[str, str]:
+    assert checked.samples is not None
+    theirs = _subset(checked.samples, run.run_id, problems)
+    ours = _subset(rerun, cell.run_id, problems)
+    if exact:
+        a, b = outputs_digest(theirs, run.run_id), outputs_digest(ours, cell.run_id)
+        if a == b:
+            return "verified", f"output digest {a} over {len(problems)} problem(s)"
+        return "failed", f"the re-run's outputs digest to {b}, the bundle's to {a}"
+    submitted = summarize(checked.samples, [run.run_id])[run.run_id].scores
+    again = summarize(ours, [cell.run_id])[cell.run_id].scores
+    estimate = bootstrap_mean(list(submitted.values()))
+    replaced = sum({**submitted, **again}.values()) / len(submitted)
+    inside = estimate.low <= replaced <= estimate.high
+    detail = (
+        f"score {replaced:.4f} with the re-run problems, interval [{estimate.low:.4f}, {estimate.high:.4f}]"
+    )
+    return ("verified" if inside else "failed"), detail
+
+
+def verify(
+    folder: Path,
+    checked: Checked,
+    *,
+    count: int,
+    seed: int = 0,
+    device: str | None = None,
+    attention: str | None = None,
+    data: Mapping[str, Path] | None = None,
+    scratch: Path | None = None,
+    progress: bool = False,
+) -> list[Outcome]:
+    """Re-run ``count`` problems per task of every run in a checked bundle and judge each run."""
+    chosen = choose_problems(checked, count, seed)
+    outcomes: list[Outcome] = []
+    groups: dict[tuple[str, str], list[tuple[StoredRun, Cell, bool]]] = {}
+    for run in checked.runs:
+        asked = run.spec["runtime"]
+        runtime = Runtime(
+            adapter=asked["adapter"],
+            device=device or asked["device"],
+            attention=attention or asked["attention"],
+        )
+        label = run.manifest.get("label") or run.run_id
+        machine = describe_machine(runtime.device)
+        try:
+            cell = rebuild(run, folder, runtime, data or {}, reference_budget(run, checked.runs))
+        except (KvbenchError, ValueError, TypeError) as exc:
+            outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, str(exc), machine))
+            continue
+        exact = cell.resolved["runtime"] == asked
+        groups.setdefault((cell.model.name, runtime.device), []).append((run, cell, exact))
+    with tempfile.TemporaryDirectory(dir=scratch) as out_name:
+        out = Path(out_name)
+        for members in groups.values():
+            cells = [cell for _, cell, _ in members]
+            only = {cell.run_id: chosen[cell.task.name] for cell in cells}
+            machine = describe_machine(cells[0].runtime.device)
+            try:
+                run_cells(cells, out, progress=progress, only=only)
+            except Exception as exc:  # the adapter, device or model cannot run here: say so per run
+                for run, cell, _ in members:
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    outcomes.append(Outcome(run.run_id, cell.label, "not verified", "", 0, why, machine))
+                continue
+            runs, _ = stored_runs(out / "shards")
+            rerun, bad = load_samples(runs)
+            if bad:
+                raise KvbenchError(f"the re-run's shards do not read back: {bad}")
+            for run, cell, exact in members:
+                problems = chosen[cell.task.name]
+                outcome, detail = _judge(run, cell, checked, rerun, problems, exact)
+                method = "identical outputs" if exact else "within interval"
+                outcomes.append(
+                    Outcome(run.run_id, cell.label, outcome, method, len(problems), detail, machine)
+                )
+    order = {run.run_id: i for i, run in enumerate(checked.runs)}
+    return sorted(outcomes, key=lambda o: order[o.run_id])

@@ -1,0 +1,106 @@
+"""The head-to-head view: two arms of a table paired per task and pooled. The expected numbers are
+computed here from SQL, with scipy's sign test and a bootstrap written out in numpy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from boardtest import chart_traces, frame, open_app, sql_scores
+from scipy.stats import binomtest
+
+from kvbench.leaderboard.queries import Compression
+
+
+def bootstrap_interval(values: list[float]) -> tuple[float, float]:
+    """The percentile interval of 10,000 resampled means, seed 0: the definition the page states."""
+    data = np.asarray(values)
+    picks = np.random.default_rng(0).integers(0, len(data), size=(10_000, len(data)))
+    low, high = np.percentile(data[picks].mean(axis=1), [2.5, 97.5])
+    return float(low), float(high)
+
+
+def expected_row(a: dict[str, float], b: dict[str, float]) -> dict:
+    shared = sorted(set(a) & set(b))
+    deltas = [a[p] - b[p] for p in shared]
+    wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+    p = binomtest(wins, wins + losses).pvalue if wins + losses else 1.0
+    return {
+        "delta": sum(deltas) / len(deltas),
+        "ci": bootstrap_interval(deltas),
+        "wtl": (wins, len(deltas) - wins - losses, losses),
+        "p": p,
+    }
+
+
+def check(row: dict, want: dict) -> None:
+    assert row["Δ (A − B)"] == pytest.approx(want["delta"])
+    low, high = (float(x) for x in row["95% CI"].strip("[]").split(", "))
+    assert (low, high) == pytest.approx(want["ci"], abs=5e-4)
+    assert tuple(int(x) for x in row["W/T/L"].split("/")) == want["wtl"]
+    assert row["p (sign test)"] == pytest.approx(want["p"])
+
+
+def test_per_task_and_pooled_differences_match_sql(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch, url={"pair_a": "snapkv", "pair_b": "random (null)"})
+    rows = {r["task"]: r for r in frame(app, "Head-to-head").to_dict("records")}
+    scores = sql_scores(board_db, 2.0)
+    snap, null = scores["snapkv"], scores["random"]
+    assert set(rows) == {"fidelity", "passkey", "pooled (2 tasks)"}
+    for task in ("fidelity", "passkey"):
+        check(rows[task], expected_row(snap[task], null[task]))
+    pooled = {(t, p): v for t in ("fidelity", "passkey") for p, v in snap[t].items()}
+    pooled_null = {(t, p): v for t in ("fidelity", "passkey") for p, v in null[t].items()}
+    check(rows["pooled (2 tasks)"], expected_row(pooled, pooled_null))
+    # Holm across the two tasks: the smaller p doubled, the larger at least that
+    ps = sorted(rows[t]["p (sign test)"] for t in ("fidelity", "passkey"))
+    holm = sorted(rows[t]["p (Holm, tasks)"] for t in ("fidelity", "passkey"))
+    assert holm == pytest.approx([min(1.0, 2 * ps[0]), min(1.0, max(2 * ps[0], ps[1]))])
+    # the same pooled comparison as the leaderboard's Δ vs null and W/T/L
+    table = {r["policy"]: r for r in frame(app, "Leaderboard").to_dict("records")}
+    assert rows["pooled (2 tasks)"]["Δ (A − B)"] == pytest.approx(table["snapkv"]["Δ vs null"])
+    assert rows["pooled (2 tasks)"]["W/T/L"] == table["snapkv"]["W/T/L"]
+
+
+def test_the_per_problem_table_has_both_scores_and_the_outcome(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch, url={"pair_a": "streaming", "pair_b": "full (full cache)"})
+    problems = frame(app, "Head-to-head", 1)
+    scores = sql_scores(board_db, 2.0)
+    assert len(problems) == sum(len(scores["streaming"][t]) for t in ("fidelity", "passkey"))
+    for row in problems.to_dict("records"):
+        one = scores["streaming"][row["task"]][row["problem_id"]]
+        two = scores["full"][row["task"]][row["problem_id"]]
+        assert (row["A"], row["B"]) == pytest.approx((one, two))
+        assert row["outcome"] == ("A higher" if one > two else "B higher" if one < two else "tie")
+
+
+def test_the_chart_draws_each_task_and_the_pool_with_its_interval(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch, url={"pair_a": "snapkv", "pair_b": "random (null)"})
+    rows = frame(app, "Head-to-head").set_index("task")
+    traces = chart_traces(app, "Head-to-head")
+    assert set(traces) == {"per task", "pooled"}
+    per_task = dict(zip(traces["per task"]["y"], traces["per task"]["x"], strict=True))
+    assert per_task == pytest.approx(rows.loc[["fidelity", "passkey"], "Δ (A − B)"].to_dict())
+    (pooled_x,) = traces["pooled"]["x"]
+    (upper,) = traces["pooled"]["error_x"]["array"]
+    low, high = (float(x) for x in rows.loc["pooled (2 tasks)", "95% CI"].strip("[]").split(", "))
+    assert pooled_x + upper == pytest.approx(high, abs=5e-4) and pooled_x > low - 1e-9
+
+
+def test_a_private_task_is_paired_by_id_only(board_db: Path, monkeypatch) -> None:
+    app = open_app(
+        board_db, monkeypatch, url={"compression": "K384", "pair_a": "snapkv", "pair_b": "full (full cache)"}
+    )
+    assert app.sidebar.selectbox(key="compression").value == Compression(None, 384)
+    problems = frame(app, "Head-to-head", 1)
+    assert set(problems["task"]) == {"gsm8k", "gpqa-diamond"}
+    assert list(problems.columns) == ["task", "problem_id", "A", "B", "outcome"]
+    shown = json.dumps(problems.astype(str).to_numpy().tolist())
+    assert "PRIVATE-" not in shown
+
+
+def test_the_same_arm_twice_asks_for_another(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch, url={"pair_a": "snapkv", "pair_b": "snapkv"})
+    assert any("two different arms" in i.value for i in app.info)

@@ -1,0 +1,47 @@
+"""What the submission tests share: the kvbench command, the user's scorer, and reading a bundle's
+cells."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
+SCORER = textwrap.dedent(
+    '''
+    """A user's scorer, submitted with its source."""
+    from kvbench import EvictionView, Policy, policy
+
+
+    @policy("keys-norm")
+    class KeysNorm(Policy):
+        """Keep the keys with the largest norm."""
+
+        def score(self, view: EvictionView):
+            return view.keys.float().norm(dim=-1)
+    '''
+)
+
+
+def cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def cells(bundle: Path) -> list[dict]:
+    with tarfile.open(bundle) as archive:
+        member = archive.extractfile("bundle.json")
+        assert member is not None
+        return json.loads(member.read())["cells"]
+
+
+def run_of(bundle: Path, task: str, policy: str) -> str:
+    (found,) = [c["run_id"] for c in cells(bundle) if c["label"].startswith(f"tiny-qwen3/{task}/{policy}@")]
+    return found

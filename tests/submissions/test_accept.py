@@ -1,0 +1,193 @@
+"""`kvbench accept`: the genuine bundle lands on the board; each forgery is refused by the rule it breaks,
+and nothing is written; `kvbench withdraw` takes a submission back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from submitting import cells, cli, run_of
+from tampering import add_symlink, add_text, edit_samples, forged
+
+from kvbench.leaderboard import queries
+
+
+def test_the_genuine_bundle_is_accepted_and_its_scores_reach_the_board(
+    submission: Path, tmp_path: Path
+) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    db = tmp_path / "board.duckdb"
+    done = cli("accept", str(bundle), "--db", str(db), "--by", "maintainer", cwd=tmp_path)
+    assert "accepted" in done.stdout
+    ids = {c["run_id"] for c in cells(bundle)}
+    assert len(ids) == 9  # the policy, the null and the full cache on passkey, fidelity and gpqa-diamond
+    with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
+        assert {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()} == ids
+        submitter, by, withdrawn = con.execute(
+            "SELECT submitter, accepted_by, withdrawn_at FROM submissions"
+        ).fetchone()
+        stored = dict(
+            con.execute(
+                "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY 1",
+                [run_of(bundle, "passkey", "keys-norm")],
+            ).fetchall()
+        )
+        budget = con.execute(
+            "SELECT budget FROM runs WHERE run_id = ?", [run_of(bundle, "passkey", "keys-norm")]
+        )
+        budget = budget.fetchone()[0]
+    assert (submitter, by, withdrawn) == ("tests <t@example.org>", "maintainer", None)
+    # the scores the board computes are those of the submitter's own shards, read here with pyarrow alone
+    shards = (submission / "runs" / "shards" / run_of(bundle, "passkey", "keys-norm")).glob("*.parquet")
+    rows = [r for s in shards for r in pq.read_table(s).to_pylist()]
+    by_problem: dict[str, list[float]] = {}
+    for r in rows:
+        by_problem.setdefault(r["problem_id"], []).append(r["metric"])
+    expected = {p: sum(v) / len(v) for p, v in by_problem.items()}
+    assert stored == pytest.approx(expected)
+    table = queries.leaderboard(
+        tmp_path / "board.snapshot.duckdb", "tiny-qwen3", "protect-prompt", queries.Compression(4.0, None)
+    )
+    row = table.frame.set_index("policy").loc["keys-norm"]
+    assert row["passkey"].startswith(f"{sum(expected.values()) / len(expected):.3f}")
+    assert budget > 0
+    assert (tmp_path / "submissions" / f"{_sha256(bundle)}.tar.gz").is_file()
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _drop_run(run_id: str):
+    def edit(folder: Path) -> None:
+        shutil.rmtree(folder / "runs" / run_id)
+        manifest = json.loads((folder / "bundle.json").read_text())
+        manifest["cells"] = [c for c in manifest["cells"] if c["run_id"] != run_id]
+        (folder / "bundle.json").write_text(json.dumps(manifest))
+
+    return edit
+
+
+def _edit_score(run_id: str):
+    return lambda folder: edit_samples(folder, run_id, lambda row: row.update(metric=1.0, correct=True))
+
+
+def _add_private_text(run_id: str):
+    return lambda folder: edit_samples(
+        folder, run_id, lambda row: row.update(output="The answer is (B) because")
+    )
+
+
+def _edit_suite(folder: Path) -> None:
+    path = folder / "suites" / "quick.yaml"
+    suite = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**suite, "limit": 1}))
+
+
+def _edit_scorer(folder: Path) -> None:
+    path = folder / "scorers" / "keys-norm.py"
+    path.write_text(path.read_text().replace("norm(dim=-1)", "norm(dim=-1) * 0 + 1"))
+
+
+def _edit_without_redigest(run_id: str):
+    return lambda folder: edit_samples(folder, run_id, lambda row: row.update(generated_tokens=99))
+
+
+FORGERIES = {
+    # name: (the edit, forgery options, the rules that refuse it, the member (or run) they name)
+    "an edited score": (
+        lambda b: _edit_score(run_of(b, "passkey", "keys-norm")),
+        {},
+        {"output-digest"},
+        lambda b: f"runs/{run_of(b, 'passkey', 'keys-norm')}",
+    ),
+    "a missing null arm": (
+        lambda b: _drop_run(run_of(b, "fidelity", "random")),
+        {},
+        {"baselines"},
+        lambda b: f"runs/{run_of(b, 'fidelity', 'keys-norm')}",
+    ),
+    "GPQA text added": (
+        lambda b: _add_private_text(run_of(b, "gpqa-diamond", "snapkv")),
+        {"output_digests": True},
+        {"private-text"},
+        lambda b: f"runs/{run_of(b, 'gpqa-diamond', 'snapkv')}",
+    ),
+    "a wrong suite hash": (lambda b: _edit_suite, {}, {"suite"}, lambda b: "suites/quick.yaml"),
+    "a changed scorer source": (lambda b: _edit_scorer, {}, {"scorer"}, lambda b: "scorers/keys-norm.py"),
+    "an edit without new digests": (
+        lambda b: _edit_without_redigest(run_of(b, "passkey", "random")),
+        {"member_digests": False},
+        {"digest", "output-digest"},
+        lambda b: f"runs/{run_of(b, 'passkey', 'random')}",
+    ),
+    "a ../ member": (
+        lambda b: lambda folder: None,
+        {"extra": lambda archive: add_text(archive, "runs/../../escaped.txt", b"x")},
+        {"member-path"},
+        lambda b: "runs/../../escaped.txt",
+    ),
+    "a symlink": (
+        lambda b: lambda folder: None,
+        {"extra": lambda archive: add_symlink(archive, "suites/link.yaml", "/etc/passwd")},
+        {"member-link"},
+        lambda b: "suites/link.yaml",
+    ),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_each_forgery_is_refused_by_its_rule_and_nothing_is_written(
+    submission: Path, tmp_path: Path, forgery: str
+) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    make_edit, options, rules, named = FORGERIES[forgery]
+    forged_bundle = forged(bundle, tmp_path / "forged.tar.gz", make_edit(bundle), **options)
+    db = tmp_path / "board.duckdb"
+    done = cli("accept", str(forged_bundle), "--db", str(db), cwd=tmp_path, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failures = [line.strip() for line in done.stdout.splitlines() if line.startswith("  ")]
+    # one line per failure, "member: [rule] why"; the forgery breaks its rules and no other
+    found = {line.split("[", 1)[1].split("]", 1)[0] for line in failures}
+    assert found == rules, done.stdout
+    assert any(line.startswith(named(bundle)) for line in failures), done.stdout
+    assert not db.exists() and not (tmp_path / "board.snapshot.duckdb").exists()
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_the_forgeries_cover_the_rules_the_issue_names() -> None:
+    covered = set().union(*(rules for _, _, rules, _ in FORGERIES.values()))
+    assert {
+        "output-digest",
+        "baselines",
+        "private-text",
+        "suite",
+        "member-path",
+        "member-link",
+        "scorer",
+    } <= covered
+
+
+def test_a_withdrawn_submission_leaves_the_board_and_cannot_come_back(
+    submission: Path, tmp_path: Path
+) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    db = tmp_path / "board.duckdb"
+    cli("accept", str(bundle), "--db", str(db), cwd=tmp_path)
+    digest = _sha256(bundle)
+    done = cli("withdraw", digest[:10], "--db", str(db), "--reason", "wrong model revision", cwd=tmp_path)
+    assert f"withdrew {digest[:16]}: 9 run(s) removed" in done.stdout
+    with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+        reason, withdrawn = con.execute("SELECT withdrawn_reason, withdrawn_at FROM submissions").fetchone()
+    assert reason == "wrong model revision" and withdrawn is not None
+    again = cli("accept", str(bundle), "--db", str(db), cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already withdrawn" in again.stderr
