@@ -56,9 +56,10 @@ shows no evidence that its scores carry information about which tokens matter. T
 2. Send the bundle to the maintainers.
 3. A maintainer checks it against every rule and adds it to the board: `kvbench accept BUNDLE --db PATH`.
    Its rows then show the submitter and *not verified*.
-4. `kvbench verify BUNDLE --sample N --db PATH` re-runs N seeded problems per task on the maintainer's
-   machine: on the same runtime the outputs must be identical, on another the score must fall within the
-   bundle's 95% interval. Rows become *verified* or *failed*; Provenance names the machine.
+4. `kvbench verify BUNDLE --sample N --db PATH` re-runs N randomly drawn problems of each policy, its
+   null and its full cache on the maintainer's machine: on the same runtime the outputs must be
+   identical; on another, the mean re-run − submitted difference must stay within the run's 95%
+   half-interval. Rows become *verified* or *failed*; Provenance names the machine.
 5. `kvbench withdraw DIGEST --db PATH --reason ...` takes a submission off the board.
 
 Rows marked *local* come from runs no submission holds.

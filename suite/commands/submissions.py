@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +57,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     verify = commands.add_parser("verify", help="re-run a seeded sample of a bundle's problems here")
     verify.add_argument("bundle", type=Path)
     verify.add_argument("--sample", type=int, default=2, help="problems per task to re-run (default 2)")
-    verify.add_argument("--seed", type=int, default=0, help="seed of the draw of problems (default 0)")
+    verify.add_argument(
+        "--seed", type=int, help="seed of the draw of problems (default: a random one, printed and recorded)"
+    )
     verify.add_argument("--db", type=Path, help="record the outcome in this leaderboard database")
     verify.add_argument("--device", help="re-run on another device (then scores are compared, not outputs)")
     verify.add_argument("--attention", help="re-run with another attention implementation (likewise)")
@@ -95,18 +100,30 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _Opened:
+    copy: Path
+    """A private copy of the bundle: what was hashed is what was checked, and what is kept."""
+    sha256: str
+    folder: Path
+    checked: Checked
+
+
 @contextmanager
-def _checked(bundle: Path) -> Iterator[tuple[Path, Checked]]:
-    from kvbench.submissions.bundle import open_bundle
+def _checked(bundle: Path) -> Iterator[_Opened]:
+    from kvbench.submissions.bundle import open_bundle, sha256_file
     from kvbench.submissions.rules import Checked, check_bundle
 
     if not bundle.is_file():
         raise SpecError(f"no bundle file {bundle}")
-    with tempfile.TemporaryDirectory() as folder_name:
-        folder = Path(folder_name)
-        failures = open_bundle(bundle, folder)
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        copy, folder = scratch / "bundle.tar.gz", scratch / "members"
+        shutil.copyfile(bundle, copy)
+        folder.mkdir()
+        failures = open_bundle(copy, folder)
         checked = Checked({}, failures=failures) if failures else check_bundle(folder)
-        yield folder, checked
+        yield _Opened(copy, sha256_file(copy), folder, checked)
 
 
 def _refused(bundle: Path, failures: list) -> int:
@@ -121,13 +138,12 @@ def _refused(bundle: Path, failures: list) -> int:
 
 def accept_command(args: argparse.Namespace) -> int:
     from kvbench.submissions.board import accept
-    from kvbench.submissions.bundle import sha256_file
 
     started = time.perf_counter()
-    with _checked(args.bundle) as (_, checked):
-        if checked.failures:
-            return _refused(args.bundle, checked.failures)
-        done = accept(args.bundle, sha256_file(args.bundle), checked, args.db, args.by)
+    with _checked(args.bundle) as opened:
+        if opened.checked.failures:
+            return _refused(args.bundle, opened.checked.failures)
+        done = accept(opened.copy, opened.sha256, opened.checked, args.db, args.by)
     console.print(
         f"accepted {done.sha256[:16]}: {done.runs} runs ({done.added} new), {done.samples} samples "
         f"into {args.db} in {time.perf_counter() - started:.1f} s; the board reads {done.snapshot}",
@@ -137,8 +153,7 @@ def accept_command(args: argparse.Namespace) -> int:
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    from kvbench.submissions.board import record_verification
-    from kvbench.submissions.bundle import sha256_file
+    from kvbench.submissions.board import live_submission, record_verification
     from kvbench.submissions.verify import verify
 
     if args.sample < 1:
@@ -150,21 +165,25 @@ def verify_command(args: argparse.Namespace) -> int:
             raise SpecError(f"--data {item!r}: give TASK=PATH")
         data[task] = Path(path)
     started = time.perf_counter()
-    with _checked(args.bundle) as (folder, checked):
-        if checked.failures:
-            return _refused(args.bundle, checked.failures)
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    with _checked(args.bundle) as opened:
+        if opened.checked.failures:
+            return _refused(args.bundle, opened.checked.failures)
+        sha256 = opened.sha256
+        if args.db is not None and not live_submission(args.db, sha256):
+            raise SpecError(f"bundle {sha256[:16]} is not a live submission in {args.db}: accept it first")
         outcomes = verify(
-            folder,
-            checked,
+            opened.folder,
+            opened.checked,
             count=args.sample,
-            seed=args.seed,
+            seed=seed,
             device=args.device,
             attention=args.attention,
             data=data,
             progress=not args.quiet,
         )
-    sha256 = sha256_file(args.bundle)
-    table = Table("run", "cell", "outcome", "method", "problems", "detail", title=f"verify {sha256[:16]}")
+    title = f"verify {sha256[:16]}, {args.sample} problem(s) per family drawn with seed {seed}"
+    table = Table("run", "cell", "outcome", "method", "problems", "detail", title=title)
     for o in outcomes:
         table.add_row(o.run_id, o.label, o.outcome, o.method, str(o.problems), o.detail)
     console.print(table)
@@ -178,7 +197,7 @@ def verify_command(args: argparse.Namespace) -> int:
             json.dumps({"bundle_sha256": sha256, "outcomes": [o.record() for o in outcomes]})
         )
     if args.db is not None:
-        record_verification(args.db, sha256, [o.record() for o in outcomes])
+        record_verification(args.db, sha256, [{**o.record(), "seed": seed} for o in outcomes])
     return 1 if any(o.outcome == "failed" for o in outcomes) else 0
 
 

@@ -100,6 +100,20 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
             )
         stored = {r[0] for r in con.execute("SELECT DISTINCT run_id FROM runs").fetchall()}
         ids = [run.run_id for run in checked.runs]
+        # the same runs exported again make another bundle: a withdrawal covers the runs, not just the file
+        withdrawn = con.execute(
+            """SELECT run_id, bundle_sha256 FROM submission_runs JOIN submissions USING (bundle_sha256)
+               WHERE withdrawn_at IS NOT NULL AND list_contains(?, run_id)
+               AND run_id NOT IN (SELECT run_id FROM submission_runs JOIN submissions USING (bundle_sha256)
+                                  WHERE withdrawn_at IS NULL)""",
+            [ids],
+        ).fetchall()
+        if withdrawn:
+            run_id, held_by = withdrawn[0]
+            raise PrerequisiteError(
+                f"run {run_id} (and {len(withdrawn) - 1} more) was withdrawn with submission "
+                f"{held_by[:16]}; nothing written"
+            )
         clashes = [
             f"run {run_id}: stored with outputs {outputs_digest(con, run_id)}, the bundle's are "
             f"{outputs_digest(checked.samples, run_id)}"
@@ -144,7 +158,15 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
     return Accepted(sha256, len(ids), len(new), count[0] if count else 0, snapshot_of(database))
 
 
+MIN_PREFIX = 8
+"""The fewest hex digits that name a submission."""
+
+
 def find_submission(con: duckdb.DuckDBPyConnection, prefix: str) -> tuple[str, Any]:
+    if len(prefix) < MIN_PREFIX:
+        raise PrerequisiteError(
+            f"give at least {MIN_PREFIX} hex digits of the bundle's sha256, not {prefix!r}"
+        )
     found = con.execute(
         "SELECT bundle_sha256, withdrawn_at FROM submissions WHERE starts_with(bundle_sha256, ?)", [prefix]
     ).fetchall()
@@ -183,6 +205,20 @@ def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
     return sha256, len(gone)
 
 
+def live_submission(database: Path, sha256: str) -> bool:
+    """Whether ``database`` holds the bundle as an accepted submission that is not withdrawn."""
+    if not database.is_file():
+        return False
+    with duckdb.connect(str(database), read_only=True) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if "submissions" not in tables:
+            return False
+        found = con.execute(
+            "SELECT withdrawn_at FROM submissions WHERE bundle_sha256 = ?", [sha256]
+        ).fetchone()
+    return found is not None and found[0] is None
+
+
 def record_verification(database: Path, sha256: str, outcomes: list[dict[str, Any]]) -> None:
     with _writing(database) as con:
         con.executemany(
@@ -196,7 +232,7 @@ def record_verification(database: Path, sha256: str, outcomes: list[dict[str, An
                     o["problems"],
                     json.dumps(o["machine"]),
                     time.time(),
-                    o["detail"],
+                    f"{o['detail']} (draw seed {o['seed']})",
                 ]
                 for o in outcomes
             ],

@@ -8,8 +8,9 @@
     protocols/<name>.yaml              the protocol of the runs, as resolved
     scorers/<policy>.py                the source of each policy that is not built into kvbench
 
-A bundle is read only through :func:`open_bundle`, which refuses unsafe archives before any byte lands
-on disk: absolute or ``..`` paths, links, devices, oversized or unexpected members.
+A bundle is read only through :func:`open_bundle`, which refuses an unsafe archive before it extracts
+anything: absolute or ``..`` paths, links, devices, oversized or unexpected members, and extended
+headers large enough to stall Python's tar parser (CPython's pax parsing is quadratic before 3.11.10).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
+import shutil
 import tarfile
+import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -36,8 +40,14 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MEMBER_NAMES = re.compile(
     rf"^(?:{re.escape(MANIFEST)}|{re.escape(ENVIRONMENT)}"
     r"|runs/[0-9a-f]{16}/(?:manifest\.json|[0-9a-f]{16}\.parquet)"
-    rf"|suites/{_NAME}\.yaml|protocols/{_NAME}\.yaml|scorers/{_NAME}\.py)$"
+    rf"|suites/{_NAME}\.yaml|protocols/{_NAME}\.yaml|scorers/{_NAME}\.py)"
 )
+"""Every name a bundle may hold (matched whole, with ``fullmatch``)."""
+NAME = re.compile(_NAME)
+"""What a suite, protocol or policy name must look like to name a member."""
+MAX_HEADER_BYTES = 4096
+"""The largest pax or GNU long-name header accepted: the names in a bundle are short."""
+_BLOCK = 512
 
 
 class Member(pydantic.BaseModel):
@@ -76,22 +86,6 @@ class BundleManifest(pydantic.BaseModel):
     members: dict[str, Member]
 
 
-class ResolvedShape(pydantic.BaseModel):
-    """The top-level fields of a run's resolved spec that the rules read (its parts are validated by
-    the spec models themselves)."""
-
-    runner_version: int
-    runtime: dict[str, str]
-    model: dict
-    task: dict
-    policy: dict
-    protocol: dict
-    budget: int | None
-    ratio: float | None
-    samples: int
-    limit: int | None
-
-
 @dataclass(frozen=True)
 class Failure:
     """One broken rule: the member (or cell) it concerns, the rule's name, and what is wrong."""
@@ -127,53 +121,77 @@ def _member_failure(member: tarfile.TarInfo) -> Failure | None:
         return Failure(
             name, "member-size", f"{member.size:,} bytes, over the {MAX_MEMBER_BYTES:,}-byte limit"
         )
-    if not MEMBER_NAMES.match(name):
+    if not MEMBER_NAMES.fullmatch(name):
         return Failure(
             name, "member-name", "not a member a kvbench bundle has (see kvbench.submissions.bundle)"
         )
     return None
 
 
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # base-256: a size no bundle member has
+        return MAX_TOTAL_BYTES + 1
+    text = field.rstrip(b"\0 ").strip()
+    return int(text, 8) if text else 0
+
+
+def _prescan(path: Path) -> Failure | None:
+    """Walk the decompressed stream's 512-byte headers before tarfile parses them: refuse a huge
+    extended header, and stop once the members cross the count or size limits (a compression bomb)."""
+    count = total = 0
+    with gzip.open(path, "rb") as stream:
+        while header := stream.read(_BLOCK):
+            if len(header) < _BLOCK or header == bytes(_BLOCK):
+                return None
+            size, kind = _octal(header[124:136]), header[156:157]
+            if kind in (b"x", b"g", b"L", b"K") and size > MAX_HEADER_BYTES:
+                return Failure(path.name, "member-header", f"an extended header of {size:,} bytes")
+            count, total = count + 1, total + size
+            if count > MAX_MEMBERS or total > MAX_TOTAL_BYTES:
+                return Failure(
+                    path.name,
+                    "member-size",
+                    f"over {MAX_MEMBERS:,} members or {MAX_TOTAL_BYTES:,} bytes in all",
+                )
+            left = -(-size // _BLOCK) * _BLOCK
+            while left > 0:
+                skipped = len(stream.read(min(left, 1 << 20)))
+                if not skipped:
+                    return None  # truncated: tarfile says how
+                left -= skipped
+    return None
+
+
+_DAMAGED = (OSError, EOFError, tarfile.TarError, zlib.error)
+
+
 def open_bundle(path: Path, into: Path) -> list[Failure]:
-    """Check every member's header, then extract the plain files into ``into``; the failures, if any
-    (then nothing is extracted)."""
+    """Check the archive's headers, then every member's, then extract the plain files into ``into``;
+    the failures, if any (then nothing is extracted)."""
     try:
-        archive = tarfile.open(path, "r:*")  # noqa: SIM115  (closed by the `with` below, once it opened)
-    except (OSError, tarfile.TarError) as exc:
-        return [Failure(path.name, "archive", f"not a readable tar archive ({exc})")]
-    with archive:
-        members: list[tarfile.TarInfo] = []
-        total = 0
-        try:
-            # header by header, so that an archive that unpacks to far more than the limits (a
-            # compression bomb) is refused once it crosses them, not after it was all decompressed
-            for member in archive:
-                members.append(member)
-                total += member.size
-                if len(members) > MAX_MEMBERS or total > MAX_TOTAL_BYTES:
-                    return [
-                        Failure(
-                            path.name,
-                            "member-size",
-                            f"over {MAX_MEMBERS:,} members or {MAX_TOTAL_BYTES:,} bytes in all",
-                        )
-                    ]
-        except (OSError, tarfile.TarError, EOFError) as exc:
-            return [Failure(path.name, "archive", f"the archive is damaged ({exc})")]
-        failures = [f for f in map(_member_failure, members) if f is not None]
-        names = [m.name for m in members]
-        failures += [
-            Failure(n, "member-duplicate", "appears twice") for n in sorted(set(names)) if names.count(n) > 1
-        ]
-        if failures:
-            return failures
-        for member in members:
-            target = into / member.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = archive.extractfile(member)
-            assert source is not None  # a plain file, checked above
-            with source, open(target, "wb") as handle:
-                handle.write(source.read())
+        early = _prescan(path)
+        if early is not None:
+            return [early]
+        with tarfile.open(path, "r:gz") as archive:
+            members = archive.getmembers()
+            failures = [f for f in map(_member_failure, members) if f is not None]
+            counts = Counter(m.name for m in members)
+            failures += [
+                Failure(n, "member-duplicate", "appears twice") for n, c in sorted(counts.items()) if c > 1
+            ]
+            if failures:
+                return failures
+            for member in members:
+                target = into / member.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = archive.extractfile(member)
+                assert source is not None  # a plain file, checked above
+                with source, open(target, "wb") as handle:
+                    shutil.copyfileobj(source, handle)
+    except _DAMAGED as exc:
+        for leftover in into.iterdir() if into.is_dir() else ():
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        return [Failure(path.name, "archive", f"not a readable gzip'd tar archive ({exc})")]
     return []
 
 

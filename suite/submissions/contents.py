@@ -58,24 +58,23 @@ def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:
 
 def load_samples(runs: list[StoredRun]) -> tuple[duckdb.DuckDBPyConnection, list[tuple[Path, str]]]:
     """An in-memory DuckDB whose ``samples`` table holds every shard of ``runs``, and the shards that do
-    not read back (each with why)."""
+    not read back or do not fit the table (a sample given twice, a malformed JSON field), each with why."""
     con = duckdb.connect()
     con.execute(table_ddl(SampleRecord, "samples", SAMPLE_KEY))
-    tables, bad = [], []
+    bad = []
     for run in runs:
         for shard in run.shards:
             read = read_shard(shard)
             if isinstance(read, str):
                 bad.append((shard, read))
-            else:
-                tables.append(read)
-    if tables:
-        con.register("loaded", pa.concat_tables(tables))
-        try:  # INSERT OR IGNORE would hide a duplicated sample; the primary key refuses it
-            con.execute("INSERT INTO samples BY NAME SELECT * FROM loaded")
-        except duckdb.ConstraintException as exc:
-            bad.append((runs[0].folder.parent, f"a sample appears twice ({str(exc).splitlines()[0]})"))
-        con.unregister("loaded")
+                continue
+            con.register("shard", read)
+            try:  # one shard at a time, so that a bad one is named and the others still load
+                con.execute("INSERT INTO samples BY NAME SELECT * FROM shard")
+            except duckdb.Error as exc:
+                bad.append((shard, f"its samples do not fit the samples table ({str(exc).splitlines()[0]})"))
+            finally:
+                con.unregister("shard")
     return con, bad
 
 

@@ -3,6 +3,7 @@ against, packed into one bundle (kvbench.submissions.bundle) that `kvbench accep
 
 from __future__ import annotations
 
+import inspect
 import json
 import tempfile
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 import kvbench
-from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.errors import KvbenchError, PrerequisiteError, SpecError
 from kvbench.registry import builtin_policies, find_policy
 from kvbench.results.records import SCHEMA_VERSION
 from kvbench.specs.loading import find_spec_file
@@ -25,6 +26,7 @@ from kvbench.submissions.bundle import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    NAME,
     sha256_file,
     write_bundle,
 )
@@ -88,10 +90,8 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
         path = by_hash.get(recorded)
         if path is None:
             try:
-                import inspect
-
                 path = Path(inspect.getfile(find_policy(name).cls))
-            except Exception:  # not installed here: the --scorer file is the only way
+            except KvbenchError:  # not installed here: the --scorer file is the only way
                 path = None
         if path is None or sha256_file(path) != recorded:
             raise SpecError(
@@ -141,6 +141,26 @@ def _protocol_text(spec: dict[str, Any]) -> str:
     return yaml.safe_dump({**spec, "description": description}, sort_keys=False)
 
 
+def _check_name(kind: str, name: str) -> None:
+    if not NAME.fullmatch(name):
+        raise SpecError(
+            f"{kind} name {name!r} cannot name a bundle member: use letters, digits, '.', '_', '-'"
+        )
+
+
+def _member(staging: Path, members: dict[str, Path], folder: str, name: str, suffix: str, text: str) -> str:
+    """``text`` written as the member ``folder/name+suffix``; two runs may share it only with one text."""
+    _check_name(folder[:-1], name)
+    member = f"{folder}/{name}{suffix}"
+    path = staging / member
+    if member in members and path.read_text(encoding="utf-8") != text:
+        raise PrerequisiteError(f"two runs name different {folder} {name!r}: export them in separate bundles")
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    members[member] = path
+    return member
+
+
 def export(
     root: Path,
     destination: Path,
@@ -179,17 +199,14 @@ def export(
             members[f"runs/{run.run_id}/manifest.json"] = run.folder / "manifest.json"
             members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
             suite_name, suite_yaml = _suite_text(run, suite)
-            suite_member = f"suites/{suite_name}.yaml"
-            (staging / "suites").mkdir(exist_ok=True)
-            (staging / suite_member).write_text(suite_yaml, encoding="utf-8")
-            members[suite_member] = staging / suite_member
-            protocol_member = f"protocols/{run.spec['protocol']['name']}.yaml"
-            (staging / "protocols").mkdir(exist_ok=True)
-            (staging / protocol_member).write_text(_protocol_text(run.spec["protocol"]), encoding="utf-8")
-            members[protocol_member] = staging / protocol_member
+            suite_member = _member(staging, members, "suites", suite_name, ".yaml", suite_yaml)
+            protocol_name = run.spec["protocol"]["name"]
+            protocol_text = _protocol_text(run.spec["protocol"])
+            protocol_member = _member(staging, members, "protocols", protocol_name, ".yaml", protocol_text)
             policy = run.spec["policy"]["name"]
             scorer_member = f"scorers/{policy}.py" if policy in sources else None
             if scorer_member:
+                _check_name("policy", policy)
                 members[scorer_member] = sources[policy]
             cells.append(
                 {

@@ -18,7 +18,7 @@ def _without_policy(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "policy"}
 
 
-def _shared(spec: dict[str, Any]) -> dict[str, Any]:
+def shared(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: spec.get(k) for k in REFERENCE_SHARED}
 
 
@@ -31,6 +31,6 @@ def null_of(run: StoredRun, runs: list[StoredRun]) -> StoredRun | None:
 
 def reference_of(run: StoredRun, runs: list[StoredRun]) -> StoredRun | None:
     reference = run.spec["protocol"]["reference"]
-    same = _shared(run.spec)
+    same = shared(run.spec)
     found = (o for o in runs if o.role == "reference" and o.spec["policy"]["name"] == reference)
-    return next((o for o in found if _shared(o.spec) == same), None)
+    return next((o for o in found if shared(o.spec) == same), None)

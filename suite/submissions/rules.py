@@ -3,17 +3,22 @@ failure names the member (or run) and the rule.
 
 digest          each member's sha256 and size are the ones bundle.json lists, and nothing else is there
 schema-version  the bundle's format and record schema are this kvbench's
-identity        a run id is the hash of its resolved spec, which validates under this kvbench's specs
+identity        a run id is the hash of its resolved spec, which is in the canonical form this kvbench
+                resolves; its role fits its policy (the null is the protocol's baseline, the full
+                cache its reference); a built-in task keeps this kvbench's visibility
 output-digest   each run's output digest, recomputed from its samples, is the one the bundle lists
 sample-counts   one problem per shard, k samples each (k from the spec), no more problems than its limit
 seeds           every sample's seed is the one the protocol derives for (task, problem, sample)
-private-text    a private task's samples carry no text: no output, no grader detail
-suite           the suite ships in the bundle with the hash its runs recorded, and is not a different
-                file under the name of one of this kvbench's suites
+private-text    a private task's samples carry no text: no output, no grader detail, no long strings
+suite           the suite ships in the bundle, as the member its run names, with the hash the run
+                recorded, and is not a different file under the name of one of this kvbench's suites
 protocol        the shipped protocol is the runs' protocol, and a built-in name means this kvbench's one
 scorer          a policy not built into kvbench ships its source, with the hash its runs recorded
 baselines       each policy run has its null and full-cache runs in the bundle, on the same problems
                 and seeds
+readable        anything else that keeps a run from being judged (a file of an unexpected shape)
+
+The members a run refers to (suite, protocol, scorer) are derived from the run, never taken as paths.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import duckdb
@@ -30,21 +35,21 @@ import yaml
 
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
-from kvbench.results.records import SCHEMA_VERSION
+from kvbench.results.records import SCHEMA_VERSION, RunRecord
 from kvbench.runner.plan import RUNNER_VERSION
 from kvbench.runner.store import problem_key
 from kvbench.specs.loading import SPEC_ROOT
 from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.suite import SuiteSpec, suite_names
-from kvbench.specs.task import TaskSpec
+from kvbench.specs.task import TaskSpec, load_task, task_names
 from kvbench.submissions.bundle import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    MEMBER_NAMES,
     BundleManifest,
     Failure,
-    ResolvedShape,
     sha256_file,
 )
 from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_identity, stored_runs
@@ -127,8 +132,16 @@ def _digests(folder: Path, checked: Checked) -> None:
 
 
 def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> bool:
-    """The rules on one run; False when its spec is not one this kvbench can read."""
+    """The rules on one run; False when its spec or role is not one this kvbench can judge further."""
     where = f"runs/{run.run_id}"
+    try:
+        return _judge_run(folder, run, cell, checked, where)
+    except Exception as exc:  # a submitter's file of any shape: refused by name, never a traceback
+        checked.fail(where, "readable", f"cannot be judged ({type(exc).__name__}: {_first_line(exc)})")
+        return False
+
+
+def _judge_run(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked, where: str) -> bool:
     spec = run.spec
     if spec_identity(spec) != run.run_id or run.manifest.get("run_id") != run.run_id:
         checked.fail(
@@ -136,39 +149,27 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
             "identity",
             f"the resolved spec hashes to {spec_identity(spec)}, not to its run id {run.run_id}",
         )
-    if spec.get("runner_version") != RUNNER_VERSION:
-        checked.fail(
-            f"{where}/manifest.json",
-            "identity",
-            f"scored by runner version {spec.get('runner_version')}, this kvbench's is {RUNNER_VERSION}",
-        )
-    problem = _spec_problem(spec)
+    problem = _spec_problem(run, cell)
     if problem:
-        checked.fail(f"{where}/manifest.json", "identity", f"the resolved spec is not valid here: {problem}")
+        checked.fail(f"{where}/manifest.json", "identity", f"not a run this kvbench can judge: {problem}")
         return False
     assert checked.samples is not None
     rows = checked.samples.execute(
-        "SELECT problem_id, problem_hash, sample, seed, task, output, secondary FROM samples "
-        "WHERE run_id = ? ORDER BY problem_id, sample",
+        "SELECT problem_id, problem_hash, sample, seed, task, output, secondary, finish_reason, reason, "
+        "grader_version FROM samples WHERE run_id = ? ORDER BY problem_id, sample",
         [run.run_id],
     ).fetchall()
     _counts(where, run, rows, checked)
+    if len(rows) != cell["samples"]:
+        checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
     digest = output_digests(checked.samples, [run.run_id])[run.run_id]
-    if digest != cell.get("output_digest"):
+    if digest != cell["output_digest"]:
         checked.fail(
             where,
             "output-digest",
-            f"its samples digest to {digest}, the bundle lists {cell.get('output_digest')}",
+            f"its samples digest to {digest}, the bundle lists {cell['output_digest']}",
         )
-    if spec["task"]["visibility"] != "public":
-        texts = [r for r in rows if r[5] is not None or "detail" in json.loads(r[6] or "{}")]
-        if texts:
-            checked.fail(
-                where,
-                "private-text",
-                f"task {spec['task']['name']} is private, yet {len(texts)} "
-                "sample(s) carry output text or grader detail",
-            )
+    _private(where, spec, rows, checked)
     _suite(folder, run, cell, checked)
     _protocol(folder, run, cell, checked)
     _scorer(folder, run, cell, checked)
@@ -183,14 +184,69 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _spec_problem(spec: dict[str, Any]) -> str | None:
+class _Policy(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+    name: str
+    params: dict[str, Any]
+
+
+class _Runtime(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)  # an adapter may add its identity
+    adapter: str
+    device: str
+    dtype: str
+    attention: str
+
+
+class _Resolved(pydantic.BaseModel):
+    """The top-level fields of a resolved spec, strictly typed (the parts are checked below)."""
+
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+    runner_version: int
+    runtime: _Runtime
+    policy: _Policy
+    budget: int | None
+    n_avg: float | int | None
+    ratio: float | int | None
+    samples: int = pydantic.Field(ge=1)
+    limit: int | None = pydantic.Field(ge=1)
+
+
+def _spec_problem(run: StoredRun, cell: dict[str, Any]) -> str | None:
+    """What makes a run's spec or role one this kvbench cannot judge, or None. Each part must be in the
+    canonical form this kvbench resolves (so no field the rules read can be missing or mistyped), and
+    the role must fit the policy: the null is the protocol's baseline, the full cache its reference."""
+    spec = run.spec
     try:
-        ResolvedShape.model_validate(spec)
-        ModelSpec.model_validate(spec["model"])
-        TaskSpec.model_validate(spec["task"])
-        ProtocolSpec.model_validate({**spec["protocol"], "description": ""})
+        resolved = _Resolved.model_validate(spec)
+        parts = {
+            "model": ModelSpec.model_validate(spec["model"]).model_dump(mode="json"),
+            "task": TaskSpec.model_validate(spec["task"]).model_dump(mode="json"),
+            "protocol": ProtocolSpec.model_validate({**spec["protocol"], "description": ""}).model_dump(
+                mode="json", exclude={"description"}
+            ),
+        }
+        RunRecord.from_manifest(run.manifest)
     except (KeyError, TypeError, pydantic.ValidationError) as exc:
         return _first_line(exc)
+    for name, canonical in parts.items():
+        if spec[name] != canonical:
+            return f"its {name} is not in the form this kvbench resolves (fields missing or added)"
+    if resolved.runner_version != RUNNER_VERSION:
+        return f"scored by runner version {resolved.runner_version}, this kvbench's is {RUNNER_VERSION}"
+    protocol, policy = spec["protocol"], resolved.policy.name
+    role = run.manifest.get("role")
+    arm = {"null": protocol["baseline"], "reference": protocol["reference"]}
+    # a policy under test may be any policy (even the baseline's); the null and the full cache may not
+    if role != cell["role"] or (role in arm and policy != arm[role]):
+        return f"role {role!r} (bundle: {cell['role']!r}) for policy {policy!r}"
+    if role == "reference" and (resolved.budget, resolved.ratio) != (None, None):
+        return "a full-cache run with a budget"
+    task = spec["task"]["name"]
+    if task in task_names() and load_task(task).visibility != spec["task"]["visibility"]:
+        return (
+            f"task {task!r} is {load_task(task).visibility} in this kvbench, not {spec['task']['visibility']}"
+        )
     return None
 
 
@@ -198,11 +254,13 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
     spec = run.spec
     by_problem: dict[str, list[int]] = {}
     seeds_wrong = 0
+    misnamed = 0
     for problem, hashed, sample, seed, task, *_ in rows:
         by_problem.setdefault(problem, []).append(sample)
-        if hashed != problem_key(problem) or task != spec["task"]["name"]:
-            checked.fail(where, "sample-counts", f"problem {problem!r}: its hash or task is not its own")
+        misnamed += hashed != problem_key(problem) or task != spec["task"]["name"]
         seeds_wrong += seed != sample_seed(spec["protocol"]["seed"], task, problem, sample)
+    if misnamed:
+        checked.fail(where, "sample-counts", f"{misnamed} sample(s) carry another problem's hash or task")
     shards = {p.stem for p in run.shards}
     if shards != {problem_key(p) for p in by_problem}:
         checked.fail(
@@ -228,47 +286,96 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
         )
 
 
-def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    member = str(cell.get("suite") or "")
-    path = folder / member
-    if not member.startswith("suites/") or not path.is_file():
-        checked.fail(
-            member or f"runs/{run.run_id}", "suite", "the suite the run was planned from is not shipped"
-        )
+PRIVATE_FINISH = {"stop", "length", "teacher-forced"}
+PRIVATE_TEXT_LIMIT = 100
+"""The longest grader category or version string a private task's sample may carry."""
+
+
+def _private(where: str, spec: dict[str, Any], rows: list[tuple], checked: Checked) -> None:
+    if spec["task"]["visibility"] == "public":
         return
-    text = path.read_bytes()
+    texts = 0
+    for *_, output, secondary, finish, reason, version in rows:
+        extra = json.loads(secondary or "{}")
+        texts += (
+            output is not None
+            or not isinstance(extra, dict)
+            or "detail" in extra
+            or finish not in PRIVATE_FINISH
+            or any(
+                isinstance(v, str) and len(v) > PRIVATE_TEXT_LIMIT for v in (reason, version, *extra.values())
+            )
+        )
+    if texts:
+        checked.fail(
+            where,
+            "private-text",
+            f"task {spec['task']['name']} is private, yet {texts} sample(s) "
+            "carry output text, grader detail or long strings",
+        )
+
+
+def _shipped(folder: Path, cell: dict[str, Any], field: str, expected: str, checked: Checked) -> Path | None:
+    """The member a cell names in ``field``, which must be ``expected`` (derived from the run, never a
+    path the submitter chose) and a member the bundle lists; None, with the failure, otherwise."""
+    if (
+        cell[field] != expected
+        or not MEMBER_NAMES.fullmatch(expected)
+        or expected not in checked.manifest["members"]
+    ):
+        checked.fail(
+            f"runs/{cell['run_id']}", field, f"names {cell[field]!r}; the bundle must ship {expected!r}"
+        )
+        return None
+    path = folder / expected
+    return path if path.is_file() else None
+
+
+def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
     recorded = _mapping(run.manifest.get("suite"))
+    name = recorded.get("name") or PurePosixPath(str(cell["suite"])).stem
+    path = _shipped(folder, cell, "suite", f"suites/{name}.yaml", checked)
+    if path is None:
+        return
+    member, text = str(cell["suite"]), path.read_bytes()
     shipped = hashlib.sha256(text).hexdigest()
-    if recorded.get("sha256") and recorded["sha256"] != shipped:
-        checked.fail(member, "suite", f"sha256 {shipped[:16]}…, the run recorded {recorded['sha256'][:16]}…")
+    if not recorded and name not in suite_names():
+        checked.fail(member, "suite", "the run records no suite, and this one is not one of this kvbench's")
+        return
+    if recorded and recorded.get("sha256") != shipped:
+        checked.fail(
+            member, "suite", f"sha256 {shipped[:16]}…, the run recorded {str(recorded.get('sha256'))[:16]}…"
+        )
         return
     try:
         suite = SuiteSpec.model_validate(yaml.safe_load(text))
     except (yaml.YAMLError, pydantic.ValidationError) as exc:
-        checked.fail(member, "suite", f"not a valid suite here ({str(exc).splitlines()[0]})")
+        checked.fail(member, "suite", f"not a valid suite here ({_first_line(exc)})")
         return
-    if suite.name in suite_names():
-        ours = (SPEC_ROOT / "suites" / f"{suite.name}.yaml").read_bytes()
-        if hashlib.sha256(ours).digest() != hashlib.sha256(text).digest():
-            checked.fail(
-                member,
-                "suite",
-                f"differs from this kvbench's suite {suite.name!r} under the same "
-                "name: rename a modified suite",
-            )
+    if suite.name != name:
+        checked.fail(member, "suite", f"names itself {suite.name!r}, shipped as {name!r}")
+    elif name in suite_names() and (SPEC_ROOT / "suites" / f"{name}.yaml").read_bytes() != text:
+        checked.fail(
+            member,
+            "suite",
+            f"differs from this kvbench's suite {name!r} under the same name: rename a modified suite",
+        )
 
 
 def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    member = str(cell.get("protocol") or "")
     resolved = run.spec["protocol"]
+    name = resolved["name"]
+    path = _shipped(folder, cell, "protocol", f"protocols/{name}.yaml", checked)
+    if path is None:
+        return
+    member = str(cell["protocol"])
     try:
-        shipped = ProtocolSpec.model_validate(yaml.safe_load((folder / member).read_text()))
-    except (OSError, yaml.YAMLError, pydantic.ValidationError) as exc:
-        checked.fail(member or f"runs/{run.run_id}", "protocol", f"not shipped or not valid ({exc})")
+        shipped = ProtocolSpec.model_validate(yaml.safe_load(path.read_text()))
+    except (UnicodeDecodeError, yaml.YAMLError, pydantic.ValidationError) as exc:
+        checked.fail(member, "protocol", f"not a valid protocol ({_first_line(exc)})")
         return
     if shipped.model_dump(mode="json", exclude={"description"}) != resolved:
         checked.fail(member, "protocol", f"is not the protocol run {run.run_id} resolved")
-    name = resolved["name"]
     if (
         name in protocol_names()
         and load_protocol(name).model_dump(mode="json", exclude={"description"}) != resolved
@@ -279,15 +386,15 @@ def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Check
 def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
     name = run.spec["policy"]["name"]
     if name in builtin_policies():
+        if cell["scorer"] is not None:
+            checked.fail(f"runs/{run.run_id}", "scorer", f"ships a scorer for the built-in policy {name!r}")
         return
-    member = cell.get("scorer")
     recorded = _mapping(run.manifest.get("policy_doc")).get("source_sha256")
-    if not member or not (folder / member).is_file():
+    path = _shipped(folder, cell, "scorer", f"scorers/{name}.py", checked)
+    if path is not None and (recorded is None or sha256_file(path) != recorded):
         checked.fail(
-            f"runs/{run.run_id}", "scorer", f"policy {name!r} is not built in and its source is not shipped"
+            str(cell["scorer"]), "scorer", f"its sha256 is not the one run {run.run_id} recorded for {name!r}"
         )
-    elif recorded is None or sha256_file(folder / member) != recorded:
-        checked.fail(member, "scorer", f"its sha256 is not the one run {run.run_id} recorded for {name!r}")
 
 
 def _baselines(checked: Checked) -> None:

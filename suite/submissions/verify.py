@@ -1,14 +1,16 @@
 """`kvbench verify`: re-run a seeded random subset of a bundle's problems on this machine and compare.
 
 Each run is rebuilt from its resolved spec with this kvbench's specs and policies (a shipped scorer for
-a policy that is not built in), and must hash to the same identity. The same N problems per task are
-re-run in every run of that task, so a policy and its null are checked on the same problems.
+a policy that is not built in), and must hash to the same identity. N problems are drawn per family of
+runs that share model, task, limit and runtime (a policy, its null and its full cache), from the
+problems all of them hold, and re-run in each: they are checked on the same problems. The draw's seed
+is random unless given, so that a submitter cannot know which problems will be re-run.
 
 - Same runtime (adapter, device kind, dtype, attention): the runs are deterministic given their seeds,
-  so the outputs must be identical: the output digest over the chosen problems must match.
+  so the outputs must be identical: the output digest over the drawn problems must match.
 - Another runtime (``--device`` or ``--attention`` given): outputs may differ in the last bits, so the
-  score must: with the chosen problems' scores replaced by the re-run's, the run's mean must fall within
-  the 95% interval the bundle's samples give.
+  scores must agree: the mean paired difference (re-run − submitted) over the drawn problems must be
+  within the half-width of the run's 95% interval from the bundle's samples.
 
 Outcome per run: ``verified``, ``failed``, or ``not verified`` (it cannot run here: its adapter, device,
 data or scorer is missing), with the machine that checked it.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec
 from kvbench.specs.task import TaskSpec
 from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, spec_identity, stored_runs
-from kvbench.submissions.pairing import reference_of
+from kvbench.submissions.pairing import reference_of, shared
 from kvbench.submissions.rules import Checked
 
 
@@ -50,34 +52,37 @@ class Outcome:
     outcome: str
     """``verified``, ``failed`` or ``not verified``."""
     method: str
-    """``identical outputs`` or ``within interval``."""
+    """``identical outputs`` or ``paired scores``."""
     problems: int
     detail: str
     machine: dict[str, Any]
 
     def record(self) -> dict[str, Any]:
-        return self.__dict__
+        return asdict(self)
 
 
 def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[str]]:
-    """Task -> ``count`` problem ids drawn with ``seed`` from those every run of the task holds."""
+    """Run id -> ``count`` problem ids drawn with ``seed``, the same for every run of a family (the runs
+    sharing model, task, limit and runtime), from the problems all of the family's runs hold."""
     assert checked.samples is not None
-    by_task: dict[str, set[str] | None] = {}
+    families: dict[str, list[str]] = {}
+    held: dict[str, set[str]] = {}
     for run in checked.runs:
+        family = spec_identity(shared(run.spec))
+        families.setdefault(family, []).append(run.run_id)
         ids = {
             r[0]
             for r in checked.samples.execute(
                 "SELECT DISTINCT problem_id FROM samples WHERE run_id = ?", [run.run_id]
             ).fetchall()
         }
-        task = run.spec["task"]["name"]
-        held = by_task.get(task)
-        by_task[task] = ids if held is None else held & ids
-    draw = random.Random(seed)
-    return {
-        task: sorted(draw.sample(sorted(ids or ()), min(count, len(ids or ()))))
-        for task, ids in sorted(by_task.items())
-    }
+        held[family] = held[family] & ids if family in held else ids
+    chosen: dict[str, list[str]] = {}
+    for family in sorted(families):
+        draw = random.Random(f"{seed}:{family}")
+        picked = sorted(draw.sample(sorted(held[family]), min(count, len(held[family]))))
+        chosen |= {run_id: picked for run_id in families[family]}
+    return chosen
 
 
 def reference_budget(run: StoredRun, runs: list[StoredRun]) -> int:
@@ -89,8 +94,9 @@ def reference_budget(run: StoredRun, runs: list[StoredRun]) -> int:
         for r in runs
         if r.role != "reference" and reference_of(r, runs) is run
     }
-    suite = yaml.safe_load((run.manifest.get("suite") or {}).get("yaml") or "{}") or {}
-    for ratio in suite.get("ratios") or []:
+    recorded = run.manifest.get("suite")
+    suite = yaml.safe_load(recorded.get("yaml") or "{}") if isinstance(recorded, dict) else None
+    for ratio in (suite.get("ratios") if isinstance(suite, dict) else None) or []:
         if ratio in beside:
             return beside[ratio]
     return max(beside.values(), default=run.spec["protocol"]["buffer"] + 1)
@@ -178,13 +184,14 @@ def _judge(
         return "failed", f"the re-run's outputs digest to {b}, the bundle's to {a}"
     submitted = summarize(checked.samples, [run.run_id])[run.run_id].scores
     again = summarize(ours, [cell.run_id])[cell.run_id].scores
+    missing = [p for p in problems if p not in again or p not in submitted]
+    if missing:
+        return "failed", f"{len(missing)} drawn problem(s) have no score in the re-run or the bundle"
     estimate = bootstrap_mean(list(submitted.values()))
-    replaced = sum({**submitted, **again}.values()) / len(submitted)
-    inside = estimate.low <= replaced <= estimate.high
-    detail = (
-        f"score {replaced:.4f} with the re-run problems, interval [{estimate.low:.4f}, {estimate.high:.4f}]"
-    )
-    return ("verified" if inside else "failed"), detail
+    shift = sum(again[p] - submitted[p] for p in problems) / len(problems)
+    half = (estimate.high - estimate.low) / 2
+    detail = f"re-run − submitted {shift:+.4f} over {len(problems)} problem(s), half-interval {half:.4f}"
+    return ("verified" if abs(shift) <= half else "failed"), detail
 
 
 def verify(
@@ -205,17 +212,23 @@ def verify(
     groups: dict[tuple[str, str], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
         asked = run.spec["runtime"]
-        runtime = Runtime(
-            adapter=asked["adapter"],
-            device=device or asked["device"],
-            attention=attention or asked["attention"],
-        )
         label = run.manifest.get("label") or run.run_id
-        machine = describe_machine(runtime.device)
+        machine = describe_machine(device or asked["device"])
+        if not chosen[run.run_id]:
+            outcomes.append(
+                Outcome(run.run_id, label, "not verified", "", 0, "no problem to re-run", machine)
+            )
+            continue
         try:
+            runtime = Runtime(
+                adapter=asked["adapter"],
+                device=device or asked["device"],
+                attention=attention or asked["attention"],
+            )
             cell = rebuild(run, folder, runtime, data or {}, reference_budget(run, checked.runs))
-        except (KvbenchError, ValueError, TypeError) as exc:
-            outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, str(exc), machine))
+        except Exception as exc:  # a spec or scorer this machine cannot rebuild: say why, per run
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
         exact = cell.resolved["runtime"] == asked
         groups.setdefault((cell.model.name, runtime.device), []).append((run, cell, exact))
@@ -223,7 +236,7 @@ def verify(
         out = Path(out_name)
         for members in groups.values():
             cells = [cell for _, cell, _ in members]
-            only = {cell.run_id: chosen[cell.task.name] for cell in cells}
+            only = {cell.run_id: chosen[run.run_id] for run, cell, _ in members}
             machine = describe_machine(cells[0].runtime.device)
             try:
                 run_cells(cells, out, progress=progress, only=only)
@@ -237,9 +250,9 @@ def verify(
             if bad:
                 raise KvbenchError(f"the re-run's shards do not read back: {bad}")
             for run, cell, exact in members:
-                problems = chosen[cell.task.name]
+                problems = chosen[run.run_id]
                 outcome, detail = _judge(run, cell, checked, rerun, problems, exact)
-                method = "identical outputs" if exact else "within interval"
+                method = "identical outputs" if exact else "paired scores"
                 outcomes.append(
                     Outcome(run.run_id, cell.label, outcome, method, len(problems), detail, machine)
                 )

@@ -4,6 +4,7 @@ cells."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -28,8 +29,9 @@ SCORER = textwrap.dedent(
 )
 
 
-def cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+def cli(*args: str, cwd: Path, check: bool = True, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir else None  # where kvbench extracts a bundle
+    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
     if check:
         assert done.returncode == 0, done.stdout + done.stderr
     return done

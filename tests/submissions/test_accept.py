@@ -12,7 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from submitting import cells, cli, run_of
-from tampering import add_symlink, add_text, edit_samples, forged
+from tampering import (
+    add_symlink,
+    add_text,
+    edit_cell,
+    edit_manifest,
+    edit_samples,
+    forged,
+    reidentified,
+)
 
 from kvbench.leaderboard import queries
 
@@ -96,6 +104,39 @@ def _edit_scorer(folder: Path) -> None:
     path.write_text(path.read_text().replace("norm(dim=-1)", "norm(dim=-1) * 0 + 1"))
 
 
+def _gpqa_made_public(bundle: Path):
+    def edit(folder: Path) -> None:
+        for arm in ("snapkv", "random", "full"):
+            run_id = run_of(bundle, "gpqa-diamond", arm)
+            edit_manifest(folder, run_id, lambda run: run["spec"]["task"].update(visibility="public"))
+            edit_samples(folder, run_id, lambda row: row.update(output="The answer is (B) because"))
+        reidentified(folder)
+
+    return edit
+
+
+def _forged_null(run_id: str):
+    def edit(folder: Path) -> None:
+        edit_manifest(folder, run_id, lambda run: run.update(role="null"))
+        edit_cell(folder, run_id, lambda cell: cell.update(role="null"))
+
+    return edit
+
+
+def _edit_protocol(folder: Path) -> None:
+    path = folder / "protocols" / "protect-prompt.yaml"
+    path.write_text(path.read_text().replace("buffer: 64", "buffer: 32"))
+
+
+def _drop_a_sample(run_id: str):
+    def edit(folder: Path) -> None:
+        shard = sorted((folder / "runs" / run_id).glob("*.parquet"))[0]
+        table = pq.read_table(shard)
+        pq.write_table(table.slice(1), shard)
+
+    return edit
+
+
 def _edit_without_redigest(run_id: str):
     return lambda folder: edit_samples(folder, run_id, lambda row: row.update(generated_tokens=99))
 
@@ -122,6 +163,50 @@ FORGERIES = {
     ),
     "a wrong suite hash": (lambda b: _edit_suite, {}, {"suite"}, lambda b: "suites/quick.yaml"),
     "a changed scorer source": (lambda b: _edit_scorer, {}, {"scorer"}, lambda b: "scorers/keys-norm.py"),
+    "GPQA made public (identities recomputed)": (
+        _gpqa_made_public,
+        {"output_digests": True},
+        {"identity"},
+        lambda b: "runs/",
+    ),
+    "a policy run passed off as the null": (
+        lambda b: _forged_null(run_of(b, "passkey", "keys-norm")),
+        {},
+        {"identity"},
+        lambda b: f"runs/{run_of(b, 'passkey', 'keys-norm')}",
+    ),
+    "other seeds for the null": (
+        lambda b: (
+            lambda folder: edit_samples(
+                folder, run_of(b, "passkey", "random"), lambda row: row.update(seed=row["seed"] + 1)
+            )
+        ),
+        {},
+        {"seeds", "baselines"},
+        lambda b: f"runs/{run_of(b, 'passkey', 'random')}",
+    ),
+    "an edited protocol": (
+        lambda b: _edit_protocol,
+        {},
+        {"protocol"},
+        lambda b: "protocols/protect-prompt.yaml",
+    ),
+    "a sample dropped": (
+        lambda b: _drop_a_sample(run_of(b, "gpqa-diamond", "random")),
+        {"output_digests": True},
+        {"sample-counts", "baselines"},
+        lambda b: f"runs/{run_of(b, 'gpqa-diamond', 'random')}",
+    ),
+    "a malformed secondary field": (
+        lambda b: (
+            lambda folder: edit_samples(
+                folder, run_of(b, "passkey", "random"), lambda row: row.update(secondary="not json")
+            )
+        ),
+        {},
+        {"sample-counts", "output-digest", "baselines"},
+        lambda b: f"runs/{run_of(b, 'passkey', 'random')}",
+    ),
     "an edit without new digests": (
         lambda b: _edit_without_redigest(run_of(b, "passkey", "random")),
         {"member_digests": False},
@@ -130,9 +215,10 @@ FORGERIES = {
     ),
     "a ../ member": (
         lambda b: lambda folder: None,
-        {"extra": lambda archive: add_text(archive, "runs/../../escaped.txt", b"x")},
+        # from the extraction folder (TMPDIR/tmpXXXX/members) four steps up is the test's own folder
+        {"extra": lambda archive: add_text(archive, "runs/../../../../escaped.txt", b"x")},
         {"member-path"},
-        lambda b: "runs/../../escaped.txt",
+        lambda b: "runs/../../../../escaped.txt",
     ),
     "a symlink": (
         lambda b: lambda folder: None,
@@ -151,7 +237,10 @@ def test_each_forgery_is_refused_by_its_rule_and_nothing_is_written(
     make_edit, options, rules, named = FORGERIES[forgery]
     forged_bundle = forged(bundle, tmp_path / "forged.tar.gz", make_edit(bundle), **options)
     db = tmp_path / "board.duckdb"
-    done = cli("accept", str(forged_bundle), "--db", str(db), cwd=tmp_path, check=False)
+    (tmp_path / "tmp").mkdir()
+    done = cli(
+        "accept", str(forged_bundle), "--db", str(db), cwd=tmp_path, check=False, tmpdir=tmp_path / "tmp"
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     failures = [line.strip() for line in done.stdout.splitlines() if line.startswith("  ")]
     # one line per failure, "member: [rule] why"; the forgery breaks its rules and no other
@@ -159,7 +248,7 @@ def test_each_forgery_is_refused_by_its_rule_and_nothing_is_written(
     assert found == rules, done.stdout
     assert any(line.startswith(named(bundle)) for line in failures), done.stdout
     assert not db.exists() and not (tmp_path / "board.snapshot.duckdb").exists()
-    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists()
 
 
 def test_the_forgeries_cover_the_rules_the_issue_names() -> None:

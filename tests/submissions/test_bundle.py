@@ -61,6 +61,24 @@ def test_hard_links_and_oversized_members_are_refused(
     assert [f.rule for f in open_bundle(path, tmp_path)] == ["member-size"]
 
 
+def test_directories_duplicates_and_huge_extended_headers_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "b.tar.gz"
+    with tarfile.open(path, "w:gz") as out:
+        for name in ("bundle.json", "bundle.json"):
+            info = tarfile.TarInfo(name)
+            out.addfile(info, io.BytesIO(b""))
+        folder = tarfile.TarInfo("runs")
+        folder.type = tarfile.DIRTYPE
+        out.addfile(folder)
+    found = {(f.member, f.rule) for f in open_bundle(path, tmp_path / "x")}
+    assert found == {("bundle.json", "member-duplicate"), ("runs", "member-type")}
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as out:
+        info = tarfile.TarInfo("bundle.json")
+        info.pax_headers = {"comment": "x" * 10_000}  # parsed quadratically by CPython before 3.11.10
+        out.addfile(info, io.BytesIO(b""))
+    assert [f.rule for f in open_bundle(path, tmp_path / "x")] == ["member-header"]
+
+
 def test_a_file_that_is_not_an_archive_is_named(tmp_path: Path) -> None:
     path = tmp_path / "b.tar.gz"
     path.write_bytes(b"not a tar")

@@ -66,10 +66,12 @@ def test_on_another_attention_the_scores_are_held_to_the_intervals(submission: P
         cwd=tmp_path,
     )
     outcomes = json.loads((tmp_path / "verify.json").read_text())["outcomes"]
-    assert {(o["outcome"], o["method"]) for o in outcomes} == {("verified", "within interval")}
+    assert {(o["outcome"], o["method"], o["problems"]) for o in outcomes} == {
+        ("verified", "paired scores", 2)
+    }
     fidelity = next(o for o in outcomes if o["run_id"] == run_of(bundle, "fidelity", "keys-norm"))
-    score, low, high = map(float, re.findall(r"\d+\.\d+", fidelity["detail"]))
-    assert low <= score <= high and low < high  # a continuous probe: a real interval, not a point
+    shift, half = map(float, re.findall(r"[-+]?\d+\.\d+", fidelity["detail"]))
+    assert abs(shift) <= half and half > 0  # a continuous probe: a real interval, not a point
 
 
 def test_outputs_edited_with_recomputed_digests_pass_accept_and_fail_verify(
@@ -102,3 +104,23 @@ def test_outputs_edited_with_recomputed_digests_pass_accept_and_fail_verify(
         outcomes = dict(con.execute("SELECT run_id, outcome FROM verifications").fetchall())
     assert outcomes.pop(edited) == "failed"
     assert set(outcomes.values()) == {"verified"}
+    # on another runtime the scores are compared: the inflated ones are off by more than the interval
+    again = cli(
+        "verify",
+        str(forgery),
+        "--sample",
+        "3",
+        "--attention",
+        "eager",
+        "--data",
+        GPQA_DATA,
+        "--json",
+        str(tmp_path / "eager.json"),
+        "--quiet",
+        cwd=tmp_path,
+        check=False,
+    )
+    assert again.returncode == 1, again.stdout + again.stderr
+    judged = {o["run_id"]: o for o in json.loads((tmp_path / "eager.json").read_text())["outcomes"]}
+    assert (judged[edited]["outcome"], judged[edited]["method"]) == ("failed", "paired scores")
+    assert {o["outcome"] for run_id, o in judged.items() if run_id != edited} == {"verified"}
