@@ -59,10 +59,8 @@ bench: venv
 	$(BIN)/kvbench bench decode --model smollm2-135m
 
 # pytest exits 5 when it collected no test: for kvbench that is a broken test tree, never a pass.
-# Two workers (pytest-xdist): much of the suite waits on `kvbench` subprocesses and their imports.
-TEST_WORKERS ?= 2
 test: venv
-	@$(BIN)/python -m pytest -n $(TEST_WORKERS); status=$$?; \
+	@$(BIN)/python -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$status
 
 # The CI gate: every built-in policy on the deterministic CPU suite against runs/reference/ci.json.
