@@ -132,7 +132,9 @@ def test_the_public_leaderboard_renders_in_headless_chromium(
     page.get_by_text("Published snapshot").wait_for(state="attached", timeout=30_000)
     dom = page.content()
     assert str(board_db.parents[1]) not in dom and "database:" not in dom  # no local path in public mode
-    assert "compression=2x" in page.url  # the page wrote its selection into the address bar
+    # the page writes its selection into the address bar once its script run ends: wait for it, then check
+    page.wait_for_function("() => location.search.includes('compression=2x')", timeout=30_000)
+    assert "compression=2x" in page.url
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "leaderboard.png"), full_page=True)
     (ARTIFACTS / "leaderboard.dom.html").write_text(dom)
