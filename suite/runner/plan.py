@@ -31,6 +31,13 @@ RUNNER_VERSION = 1
 Role = Literal["policy", "null", "reference"]
 
 
+def spec_identity(spec: Any) -> str:
+    """The identity of a resolved spec (or of a part of one): a cell's run id, and what `kvbench accept`
+    recomputes from a submitted run's manifest."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class PendingBudget:
     """K = N_avg / ratio where N_avg is the full-cache arm's mean generated length, measured when that arm
@@ -93,8 +100,7 @@ class Cell:
 
     @property
     def run_id(self) -> str:
-        text = json.dumps(self.resolved, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return spec_identity(self.resolved)
 
     def schedule(self) -> Schedule:
         return self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)

@@ -3,8 +3,6 @@ manifest and shards, its samples in an in-memory DuckDB, and the output digest `
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +34,6 @@ class StoredRun:
     @property
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("*.parquet"))
-
-
-def spec_identity(spec: Any) -> str:
-    """A run id recomputed from its resolved spec (or a part of it), as the planner hashes a spec."""
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:

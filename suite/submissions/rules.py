@@ -36,7 +36,7 @@ import yaml
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
 from kvbench.results.records import SCHEMA_VERSION, RunRecord
-from kvbench.runner.plan import RUNNER_VERSION
+from kvbench.runner.plan import RUNNER_VERSION, spec_identity
 from kvbench.runner.store import problem_key
 from kvbench.specs.loading import SPEC_ROOT
 from kvbench.specs.model import ModelSpec
@@ -52,7 +52,7 @@ from kvbench.submissions.bundle import (
     Failure,
     sha256_file,
 )
-from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_identity, stored_runs
+from kvbench.submissions.contents import StoredRun, load_samples, output_digests, stored_runs
 from kvbench.submissions.pairing import null_of, reference_of
 
 

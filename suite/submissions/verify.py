@@ -36,11 +36,11 @@ from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
 from kvbench.runner.execute import run_cells
-from kvbench.runner.plan import Cell, Runtime, make_cell
+from kvbench.runner.plan import Cell, Runtime, make_cell, spec_identity
 from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec
 from kvbench.specs.task import TaskSpec
-from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, spec_identity, stored_runs
+from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs
 from kvbench.submissions.pairing import reference_of, shared
 from kvbench.submissions.rules import Checked
 
