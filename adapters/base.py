@@ -76,6 +76,12 @@ class Generation:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+def before_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """The text before the first of ``stop_strings`` it contains (all of it when none)."""
+    found = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
+    return text[: min(found)] if found else text
+
+
 @dataclass(frozen=True)
 class Watch:
     """Cached token positions whose survival a teacher-forced pass measures at one moment."""
@@ -152,9 +158,11 @@ class Backend(Protocol):
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
         ignore_stop: bool = False,
+        stop_strings: Sequence[str] = (),
     ) -> Generation:
         """Decode one sample per seed from one prompt as a batch, evicting on the schedule; with
-        ``ignore_stop``, every sample runs to ``max_new_tokens`` (benchmarks)."""
+        ``ignore_stop``, every sample runs to ``max_new_tokens`` (benchmarks). A sample also ends once its
+        text contains one of ``stop_strings`` (lm-eval's ``until``), and its text is cut before it."""
         ...
 
     def calibrate(self) -> Any:

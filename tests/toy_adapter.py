@@ -134,6 +134,7 @@ class ToyBackend:
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
         ignore_stop: bool = False,
+        stop_strings: Sequence[str] = (),
     ) -> Generation:
         stream = self._stream(prompt_ids, policy, schedule, sample_seeds, calibration, None)
         generators = [generator(seed) for seed in sample_seeds]

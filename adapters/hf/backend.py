@@ -68,6 +68,7 @@ class HFBackend:
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
         ignore_stop: bool = False,
+        stop_strings: Sequence[str] = (),
     ) -> Generation:
         from kvbench.adapters.hf.decode import generate
 
@@ -82,6 +83,7 @@ class HFBackend:
             calibration=calibration,
             refuse_capped_prompt=refuse_capped_prompt,
             ignore_stop=ignore_stop,
+            stop_strings=stop_strings,
         )
 
     def calibrate(self) -> Any:

@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from kvbench.adapters.base import GREEDY, Generation, Sample, Sampling
+from kvbench.adapters.base import GREEDY, Generation, Sample, Sampling, before_stop
 from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
@@ -61,6 +61,7 @@ def generate(
     max_new_tokens: int = 256,
     ignore_stop: bool = False,
     stop_ids: Sequence[int] | None = None,
+    stop_strings: Sequence[str] = (),
     calibration: Any = None,
     refuse_capped_prompt: bool = False,
     progress: bool = False,
@@ -69,6 +70,8 @@ def generate(
     """Decode len(sample_seeds) samples of one prompt under ``policy``.
 
     ``stop_ids`` overrides the model's stop tokens; ``ignore_stop`` decodes ``max_new_tokens`` regardless.
+    ``stop_strings`` also end a row once its generated text contains one (lm-eval's ``until``); its text is
+    then cut before the first of them.
     ``on_step`` sees the cache after every decode step's eviction check (for tests and benchmarks).
     """
     model, device = loaded.model, loaded.device
@@ -86,6 +89,7 @@ def generate(
     stop_ids = [] if ignore_stop else list(stop_ids) if stop_ids is not None else loaded.stop_ids()
     stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
     generators = [generator(seed, device) for seed in sample_seeds]
+    texts = StopStrings(loaded.tokenizer, [] if ignore_stop else stop_strings)
 
     logits = _prefill(model, cache, prompt_ids, k, device)
 
@@ -98,12 +102,15 @@ def generate(
         next_tokens = sample_next(logits, sampling, [generators[r] for r in rows])
         for row, token in zip(rows, next_tokens.tolist(), strict=True):
             tokens[row].append(token)
-        stopped = torch.isin(next_tokens, stop)
+        stopped = [
+            bool(hit) or texts.reached(tokens[row])
+            for row, hit in zip(rows, torch.isin(next_tokens, stop).tolist(), strict=True)
+        ]
         last = step == max_new_tokens - 1
-        keep = [i for i, done in enumerate(stopped.tolist()) if not (done or last)]
+        keep = [i for i, done in enumerate(stopped) if not (done or last)]
         for i, row in enumerate(rows):
             if i not in keep:
-                reason: Literal["stop", "length"] = "stop" if bool(stopped[i]) else "length"
+                reason: Literal["stop", "length"] = "stop" if stopped[i] else "length"
                 finished[row] = Sample(tokens[row], "", reason, cache.evictor.stats.events)
         if not keep:
             break
@@ -121,7 +128,7 @@ def generate(
         bar.close()
     samples = [finished[r] for r in range(k)]
     for sample in samples:
-        sample.text = loaded.tokenizer.decode(sample.tokens, skip_special_tokens=True)
+        sample.text = texts.cut(loaded.tokenizer.decode(sample.tokens, skip_special_tokens=True))
     return Generation(
         samples=samples,
         prompt_tokens=prompt_len,
@@ -130,8 +137,36 @@ def generate(
         decode_seconds=decode_seconds,
         peak_kv_bytes=cache.peak_bytes,
         protected=cache.evictor.stats.protected,
-        settings={"sampling": sampling, "max_new_tokens": max_new_tokens, "ignore_stop": ignore_stop},
+        settings={
+            "sampling": sampling,
+            "max_new_tokens": max_new_tokens,
+            "ignore_stop": ignore_stop,
+            "stop_strings": list(texts.stops),
+        },
     )
+
+
+class StopStrings:
+    """Whether a row's generated text contains a stop string, checked on its last few tokens after every
+    step (a stop string can span tokens), and confirmed on the whole text before the row is ended."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        longest = max((len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stops), default=0)
+        self.lookback = longest + 2
+
+    def reached(self, tokens: Sequence[int]) -> bool:
+        if not self.stops:
+            return False
+        tail = self.tokenizer.decode(tokens[-self.lookback :], skip_special_tokens=False)
+        if not any(s in tail for s in self.stops):
+            return False
+        whole = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        return any(s in whole for s in self.stops)
+
+    def cut(self, text: str) -> str:
+        return before_stop(text, self.stops)
 
 
 def _prefill(

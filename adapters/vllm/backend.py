@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvbench.adapters.base import Capabilities, Generation, Sample, Sampling, TeacherForced, Watch
+from kvbench.adapters.base import (
+    Capabilities,
+    Generation,
+    Sample,
+    Sampling,
+    TeacherForced,
+    Watch,
+    before_stop,
+)
 from kvbench.adapters.vllm.guard import VLLM_VERSION, check_version
 from kvbench.adapters.vllm.paged_schedule import PagedSchedule
 from kvbench.adapters.vllm.plugin import ACTIVE
@@ -83,6 +91,7 @@ class VLLMBackend:
         calibration: Any = None,
         refuse_capped_prompt: bool = False,
         ignore_stop: bool = False,
+        stop_strings: Sequence[str] = (),
     ) -> Generation:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -110,7 +119,9 @@ class VLLMBackend:
                 max_tokens=max_new_tokens,
                 stop_token_ids=[] if ignore_stop else self.loaded.stop_ids(),
                 ignore_eos=ignore_stop,
-                detokenize=False,
+                # stop strings are matched on detokenized text; vLLM cuts the text before them
+                stop=[] if ignore_stop else [s for s in stop_strings if s],
+                detokenize=bool(stop_strings) and not ignore_stop,
                 extra_args=RequestConfig.of(policy, schedule, seed, tag).as_extra_args(),
             )
             for seed, tag in zip(sample_seeds, tags, strict=True)
@@ -127,7 +138,7 @@ class VLLMBackend:
             tokens = list(completion.token_ids)
             reason = "stop" if completion.finish_reason == "stop" else "length"
             events = int(stats.get(tag, {}).get("events", 0))
-            text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+            text = before_stop(self.loaded.tokenizer.decode(tokens, skip_special_tokens=True), stop_strings)
             samples.append(Sample(tokens, text, reason, events))  # type: ignore[arg-type]
         select = sum(s.get("seconds_select", 0.0) for s in stats.values())
         move = sum(s.get("seconds_move", 0.0) for s in stats.values())

@@ -57,6 +57,24 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the attention implementation kvbench's attention wraps (default: sdpa)",
     )
     run.add_argument("--no-baselines", action="store_true", help="skip the null and full-cache arms")
+    ray = run.add_argument_group("executor (where the units of work run)")
+    ray.add_argument(
+        "--executor", choices=["local", "ray"], default="local", help="local (this process) or a Ray cluster"
+    )
+    ray.add_argument("--address", help="Ray: the cluster's address (default: start one on this machine)")
+    ray.add_argument("--ray-workers", type=int, help="Ray: model replicas (default: what the cluster holds)")
+    ray.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        help="Ray, CPU: CPUs (torch threads) per replica (default: a node's CPU count)",
+    )
+    ray.add_argument("--ray-gpus-per-worker", type=int, default=1, help="Ray, CUDA: GPUs per replica")
+    ray.add_argument(
+        "--ray-results",
+        choices=["shared", "driver"],
+        default="shared",
+        help="Ray: replicas write shards into --out, which every node reaches (shared), or return rows",
+    )
     run.add_argument("--json", type=Path, help="also write the final table to this file")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=run_command)
@@ -128,7 +146,20 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.runner.plan import plan
 
     started = time.perf_counter()
-    completed = run_cells(plan(run_request(args)), args.out, progress=not args.quiet)
+    cells = plan(run_request(args))
+    if args.executor == "ray":
+        from kvbench.runner.ray_executor import RayOptions, run_cells_ray
+
+        options = RayOptions(
+            address=args.address,
+            workers=args.ray_workers,
+            cpus_per_worker=args.ray_cpus_per_worker,
+            gpus_per_worker=args.ray_gpus_per_worker,
+            results=args.ray_results,
+        )
+        completed = run_cells_ray(cells, args.out, options, progress=not args.quiet)
+    else:
+        completed = run_cells(cells, args.out, progress=not args.quiet)
     cells, timings = completed.cells, completed.timings
     ingest_started = time.perf_counter()
     report = ingest(args.out)

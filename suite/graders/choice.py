@@ -59,6 +59,11 @@ class ChoiceVerdict:
         return self.extracted
 
     @property
+    def score(self) -> float:
+        """The sample's value of the task's metric: 1 when correct, else 0."""
+        return float(self.correct)
+
+    @property
     def reason(self) -> str | None:
         """Why the sample is not correct (None when it is)."""
         return None if self.correct else "no answer" if self.no_answer else "wrong answer"

@@ -59,6 +59,11 @@ class CodeVerdict:
         return self.failed
 
     @property
+    def score(self) -> float:
+        """The sample's value of the task's metric: 1 when correct, else 0."""
+        return float(self.correct)
+
+    @property
     def reason(self) -> str | None:
         """Why the sample is not correct (None when it is): which test failed, and how."""
         return self.failed

@@ -21,6 +21,11 @@ class Verdict(Protocol):
     version: str
 
     @property
+    def score(self) -> float:
+        """The sample's value of the task's metric (1.0 or 0.0 for graders that judge right or wrong)."""
+        ...
+
+    @property
     def reason(self) -> str | None: ...
 
     @property
@@ -59,9 +64,12 @@ GRADERS = {
     "code": GraderEntry(
         "kvbench.graders.code:CodeTaskGrader", ("tests",), ("metadata", "starter_code"), sandboxed=True
     ),
+    "lm-eval": GraderEntry("kvbench.lmeval.grading:LmEvalGrader", ()),
 }
 COMMON_FIELDS = ("id", "question")
 """The ``fields`` every grader reads: the problem's id and its question."""
+LM_EVAL = "lm-eval"
+"""The grader of lm-eval sources: the lm-eval task's own filters and metric."""
 PROBE = "probe"
 """Not a grader: probe tasks are scored by teacher forcing (kvbench.runner.probe_units)."""
 

@@ -41,7 +41,7 @@ class Timings:
     by_cell: dict[str, float] = field(default_factory=dict)
 
 
-def _calibration(cell: Cell, backend: Backend, cache: dict, timings: Timings) -> QueryStats | None:
+def calibration_for(cell: Cell, backend: Backend, cache: dict, timings: Timings) -> QueryStats | None:
     if "calibration" not in cell.policy.needs:
         return None
     key = (cell.model, cell.runtime)
@@ -66,7 +66,7 @@ def cell_problems(cell: Cell, backend: Backend) -> list:
 def prompt_length(problem, backend: Backend) -> int:
     if isinstance(problem, ProbeProblem):
         return len(encode_problem(problem, backend)[0])
-    return len(backend.prompt_ids(problem.prompt))
+    return len(problem.encoded(backend))
 
 
 def check_cells(cells: Sequence[Cell], backend: Backend, problems: dict[str, list]) -> None:
@@ -136,7 +136,8 @@ class Graders:
             grader.close()
 
 
-def _score(cell: Cell, backend: Backend, problem, calibration, graders: Graders) -> list[SampleRecord]:
+def score_unit(cell: Cell, backend: Backend, problem, calibration, graders: Graders) -> list[SampleRecord]:
+    """The sample rows of one unit of work: one problem of one cell, its samples decoded as one batch."""
     seeds = [
         sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
     ]
@@ -198,6 +199,17 @@ def _run_model(
         return {before.run_id: after for before, after in zip(model_cells, as_ran, strict=True)}
 
 
+def manifest_notes(cell: Cell) -> dict:
+    """What a run's manifest records beside its spec and provenance."""
+    return {
+        "role": cell.role,
+        "label": cell.label,
+        "policy_doc": policy_documentation(cell.policy),
+        "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
+        "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
+    }
+
+
 @dataclass
 class _ModelRun:
     """What every cell of one loaded model shares while it runs."""
@@ -215,16 +227,9 @@ class _ModelRun:
     def run(self, cell: Cell, problems: list) -> None:
         """Score every problem the cell has not stored; each problem's shard is written whole."""
         store = ShardStore(self.out, cell.run_id)
-        documented = {
-            "role": cell.role,
-            "label": cell.label,
-            "policy_doc": policy_documentation(cell.policy),
-            "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
-            "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
-        }
-        store.write_manifest(cell.resolved, {**self.provenance, **documented})
+        store.write_manifest(cell.resolved, {**self.provenance, **manifest_notes(cell)})
         timings = self.timings
-        calibration = _calibration(cell, self.backend, self.calibrations, timings)
+        calibration = calibration_for(cell, self.backend, self.calibrations, timings)
         chosen = self.only.get(cell.run_id)
         for problem in problems:
             if chosen is not None and problem.problem_id not in chosen:
@@ -235,7 +240,7 @@ class _ModelRun:
                 timings.reused += 1
             else:
                 started = time.perf_counter()
-                rows = _score(cell, self.backend, problem, calibration, self.graders)
+                rows = score_unit(cell, self.backend, problem, calibration, self.graders)
                 store.write(problem.problem_id, rows)
                 spent = time.perf_counter() - started
                 timings.eviction += sum(r.eviction_seconds for r in rows)

@@ -30,15 +30,17 @@ def score_generation(
     started = time.perf_counter()
     family = cell.model.family
     settings = cell.protocol.sampling[family]
+    sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
     result = backend.generate(
-        backend.prompt_ids(problem.prompt),
+        problem.encoded(backend),
         cell.policy,
         cell.schedule(),
         sample_seeds=seeds,
-        sampling=Sampling(settings.temperature, settings.top_p, settings.top_k),
+        sampling=sampling,
         max_new_tokens=cell.task.max_new_tokens,
         calibration=calibration,
         refuse_capped_prompt=True,
+        stop_strings=problem.stop,
     )
     seconds = (time.perf_counter() - started) / len(seeds)
     rows = []
@@ -49,6 +51,7 @@ def score_generation(
         secondary: dict[str, Any] = {"truncated": truncated}
         if public:
             secondary["detail"] = verdict.detail
+            secondary.update(getattr(verdict, "extra", {}))
         rows.append(
             SampleRecord(
                 run_id=run_id,
@@ -57,7 +60,7 @@ def score_generation(
                 problem_hash=problem_key(problem.problem_id),
                 sample=i,
                 seed=seed,
-                metric=float(verdict.correct),
+                metric=verdict.score,
                 correct=verdict.correct,
                 strict_correct=verdict.correct and not truncated,
                 finish_reason=sample.finish_reason,

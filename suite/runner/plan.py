@@ -173,6 +173,10 @@ def make_cell(
     }
     if measurement is not None:
         resolved["n_avg_measurement"] = measurement
+    if task.source.kind == "lm-eval":  # lm-eval's version, the task's version, config and documents
+        from kvbench.lmeval.tasks import loaded
+
+        resolved["lm_eval"] = loaded(task).identity()
     if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
         from kvbench.specs.task_data import data_fingerprint
 
@@ -222,6 +226,16 @@ def _one_spec_per_name(models: list[ModelSpec]) -> None:
                 f"two different model specs are both named {model.name!r} in this run: results are stored "
                 "and shown by model name, so give each spec its own `name`"
             )
+
+
+def _with_lm_eval(task: TaskSpec) -> TaskSpec:
+    """An lm-eval-sourced task with its generation length and samples taken from lm-eval where the YAML
+    leaves them (before any command-line override)."""
+    if task.source.kind != "lm-eval":
+        return task
+    from kvbench.lmeval.tasks import resolved_spec
+
+    return resolved_spec(task)
 
 
 def _check_code_execution(tasks: list[TaskSpec], allowed: bool) -> None:
@@ -314,7 +328,7 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.dtype is not None:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
-    tasks = [load_task(t) for t in (request.tasks or suite.tasks)]
+    tasks = [_with_lm_eval(load_task(t)) for t in (request.tasks or suite.tasks)]
     _check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}

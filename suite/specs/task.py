@@ -65,7 +65,33 @@ class HubDataset(StrictSpec):
     """Keep rows whose column equals this value (e.g. difficulty: medium)."""
 
 
-Source = Annotated[ProbeSource | HubDataset, pydantic.Field(discriminator="kind")]
+class LmEvalSource(StrictSpec):
+    """A generative task of lm-evaluation-harness, loaded by lm-eval's task manager (kvbench.lmeval.tasks):
+    its documents, prompts, generation arguments, filters and metric."""
+
+    kind: Literal["lm-eval"]
+    task: str
+    """The lm-eval task's name (``lm-eval ls tasks``), built in or in ``include``."""
+    include: str | None = None
+    """A folder of the user's lm-eval task YAMLs (relative to this file), searched before lm-eval's own."""
+    filter: str | None = None
+    """The lm-eval filter whose output is graded (e.g. ``strict-match``); required when the task has
+    several."""
+    num_fewshot: int | None = pydantic.Field(default=None, ge=0)
+    """Few-shot examples; default: the lm-eval task's own setting."""
+    fewshot_seed: int = pydantic.Field(default=1234, ge=0)
+    """The seed of the few-shot sampler (lm-eval's default)."""
+    chat_template: bool = True
+    """Send lm-eval's rendered context as one user turn through the model's chat template (as every
+    kvbench task does); false sends the raw context, as lm-eval does without --apply_chat_template."""
+    sampling: Literal["task", "protocol"] = "task"
+    """Decode with the lm-eval task's generation arguments (``task``), or with the protocol's sampling for
+    the model family (``protocol``). The null and full arms always use the same."""
+    answer_after: str | None = None
+    """With ``grader: math``: grade against the text after this marker of the task's target."""
+
+
+Source = Annotated[ProbeSource | HubDataset | LmEvalSource, pydantic.Field(discriminator="kind")]
 
 
 class TaskSpec(StrictSpec):
@@ -78,7 +104,8 @@ class TaskSpec(StrictSpec):
     metric: str
     """The primary metric, higher is better (e.g. exact retrieval, top-1 agreement with the full cache)."""
     grader: str = "probe"
-    """``probe`` (teacher-forced probes) or a registered grader: math, choice, code."""
+    """``probe`` (teacher-forced probes) or a registered grader: math, choice, code; lm-eval sources use
+    ``lm-eval`` (the task's own filters and metric, ``metric`` naming one) or ``math``."""
     answer_kind: Literal["latex", "integer"] = "latex"
     """Math: how the gold answer is parsed (integer for AIME, LaTeX for MATH-500)."""
     prompt: str = "{question}"
@@ -97,10 +124,17 @@ class TaskSpec(StrictSpec):
 
     @pydantic.model_validator(mode="after")
     def _grader_fits_source(self) -> TaskSpec:
-        from kvbench.graders.registry import COMMON_FIELDS, PROBE, entry
+        from kvbench.graders.registry import COMMON_FIELDS, LM_EVAL, PROBE, entry
 
         if (self.grader == PROBE) != (self.source.kind == "probe"):
             raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
+        if (self.grader == LM_EVAL) and self.source.kind != "lm-eval":
+            raise ValueError(f"grader {LM_EVAL!r} grades lm-eval sources, not a {self.source.kind!r} source")
+        if self.source.kind == "lm-eval":
+            if self.grader not in (LM_EVAL, "math"):
+                raise ValueError(f"an lm-eval source is graded by 'lm-eval' or 'math', not {self.grader!r}")
+            if self.prompt != "{question}":
+                raise ValueError("an lm-eval source renders its own prompts: remove `prompt`")
         if self.source.kind == "hub-dataset":
             try:
                 needed = entry(self.grader).fields
@@ -157,4 +191,10 @@ def load_task(name_or_path: str | Path) -> TaskSpec:
         path = _task_dir() / f"{name_or_path}.yaml"
         if not path.is_file():
             raise UnknownNameError("task", str(name_or_path), task_names())
-    return load_spec(path, TaskSpec)
+    spec = load_spec(path, TaskSpec)
+    source = spec.source
+    if isinstance(source, LmEvalSource) and source.include and not Path(source.include).is_absolute():
+        # relative to the task's YAML, wherever the command runs
+        include = str((path.parent / source.include).resolve())
+        spec = spec.model_copy(update={"source": source.model_copy(update={"include": include})})
+    return spec

@@ -25,6 +25,16 @@ class Problem:
     prompt: str
     """The user turn (never stored for private tasks)."""
     gold: dict[str, Any] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    """Strings that end a sample (an lm-eval task's ``until``); the model's stop tokens always do."""
+    sampling: Any = None
+    """A Sampling that replaces the protocol's (an lm-eval task decoded with its own arguments)."""
+    templated: bool = True
+    """The prompt goes through the model's chat template as one user turn; False: raw text."""
+
+    def encoded(self, backend: Any) -> list[int]:
+        """The prompt's token ids on ``backend``."""
+        return backend.prompt_ids(self.prompt) if self.templated else backend.encode(self.prompt)
 
 
 def _load(source: HubDataset, where: dict[str, Any], cache_dir: str | None) -> Any:
@@ -91,6 +101,14 @@ def load_problems(
 ) -> list[Problem]:
     """The task's problems (at most ``limit``); with ``data``, from that local copy, which must still have
     ``fingerprint`` (the one the run's identity recorded) when one is given."""
+    if task.source.kind == "lm-eval":
+        if data is not None:
+            raise SpecError(
+                f"task {task.name!r} reads an lm-eval task, whose YAML names its data: --data does not apply"
+            )
+        from kvbench.lmeval.tasks import loaded
+
+        return loaded(task).problems(limit)
     source = task.dataset
     fields = source.fields
     problems = []

@@ -76,7 +76,13 @@ def validate_paths(path: Path | None) -> list[tuple[str, str]]:
         raise SpecError(f"{path}: no .yaml file to validate")
     for file in files:
         kind = _kind_of(file)
-        spec: ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec = load_spec(file, KINDS[kind])
+        spec: ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec = (
+            load_task(file) if kind == "tasks" else load_spec(file, KINDS[kind])
+        )
+        if isinstance(spec, TaskSpec) and spec.source.kind == "lm-eval":
+            from kvbench.lmeval.tasks import loaded
+
+            loaded(spec)  # the lm-eval task loads, and kvbench can score it (metric, filter, documents)
         if isinstance(spec, SuiteSpec):
             _check_suite(spec)
         if isinstance(spec, ProtocolSpec):

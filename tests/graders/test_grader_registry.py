@@ -35,7 +35,8 @@ def test_an_unknown_grader_is_named_with_the_known_ones(tmp_path: Path) -> None:
         load_task(path)
     message = str(caught.value)
     assert str(path) in message and "grader" in message
-    assert "unknown grader 'maths'. Did you mean 'math'? Known graders: choice, code, math, probe." in message
+    known = "Known graders: choice, code, lm-eval, math, probe."
+    assert f"unknown grader 'maths'. Did you mean 'math'? {known}" in message
 
 
 def test_a_grader_names_the_columns_it_needs(tmp_path: Path) -> None:

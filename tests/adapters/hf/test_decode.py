@@ -150,28 +150,48 @@ def test_same_seed_same_samples_other_seed_other_samples(tiny: LoadedModel) -> N
     assert run([3, 4]) != first
 
 
-def test_a_row_that_stops_early_leaves_the_others_unchanged(tiny: LoadedModel) -> None:
-    prompt = tiny.prompt_ids("Three samples; one stops early.")
+def _three_rows(tiny: LoadedModel, text: str, seeds: list[int], tokens: int, **stops):
+    """Three sampled rows of one prompt under random eviction: with ``stops``, and free (no stop at all)."""
+    prompt = tiny.prompt_ids(text)
     schedule = Schedule(budget=48, buffer=16)
-    seeds = [11, 12, 13]
-    common = {"sampling": SAMPLING, "max_new_tokens": 120}
-    free = generate(
-        tiny, prompt, make_policy("random"), schedule, sample_seeds=seeds, ignore_stop=True, **common
-    )
+    common = {"sampling": SAMPLING, "max_new_tokens": tokens, "sample_seeds": seeds}
+    free = generate(tiny, prompt, make_policy("random"), schedule, ignore_stop=True, **common)
+    stopped = generate(tiny, prompt, make_policy("random"), schedule, **stops, **common) if stops else None
+    return free, stopped
+
+
+def test_a_row_that_stops_early_leaves_the_others_unchanged(tiny: LoadedModel) -> None:
+    free, _ = _three_rows(tiny, "Three samples; one stops early.", [11, 12, 13], 120)
     rows = [s.tokens for s in free.samples]
     # a token that row 1 emits early and the other rows never emit: make it the stop token
     stop = next(t for t in rows[1][5:40] if t not in rows[0] and t not in rows[2])
-    stopped = generate(
-        tiny, prompt, make_policy("random"), schedule, sample_seeds=seeds, stop_ids=[stop], **common
-    )
+    _, stopped = _three_rows(tiny, "Three samples; one stops early.", [11, 12, 13], 120, stop_ids=[stop])
     short = stopped.samples[1]
     assert short.finish_reason == "stop" and short.tokens == rows[1][: rows[1].index(stop) + 1]
     assert [stopped.samples[0].tokens, stopped.samples[2].tokens] == [rows[0], rows[2]]
     assert {s.finish_reason for s in (stopped.samples[0], stopped.samples[2])} == {"length"}
-    alone = generate(
-        tiny, prompt, make_policy("random"), schedule, sample_seeds=[13], ignore_stop=True, **common
-    )
+    alone, _ = _three_rows(tiny, "Three samples; one stops early.", [13], 120)
     assert alone.samples[0].tokens == rows[2]
+
+
+def test_a_stop_string_ends_its_row_where_it_first_appears(tiny: LoadedModel) -> None:
+    text, seeds = "Three samples; one meets a stop string.", [21, 22, 23]
+    free, _ = _three_rows(tiny, text, seeds, 100)
+    texts = [tiny.tokenizer.decode(s.tokens) for s in free.samples]
+    # two printable characters of row 0 that the other rows never write: make them the stop string
+    stop = next(
+        texts[0][i : i + 2]
+        for i in range(10, 60)
+        if texts[0][i : i + 2].isprintable() and all(texts[0][i : i + 2] not in t for t in texts[1:])
+    )
+    _, stopped = _three_rows(tiny, text, seeds, 100, stop_strings=[stop])
+    first = stopped.samples[0]
+    # the row ends on the token that completes the stop string, and its text stops before it
+    end = next(n for n in range(1, 101) if stop in tiny.tokenizer.decode(free.samples[0].tokens[:n]))
+    assert first.finish_reason == "stop" and first.tokens == free.samples[0].tokens[:end]
+    assert first.text == texts[0][: texts[0].index(stop)]
+    assert [s.tokens for s in stopped.samples[1:]] == [s.tokens for s in free.samples[1:]]
+    assert stopped.settings["stop_strings"] == [stop]
 
 
 def test_a_policy_needing_queries_on_an_unrecorded_attention_is_refused(tiny: LoadedModel) -> None:
