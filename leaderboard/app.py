@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvbench.leaderboard import charts, downloads, permalink, queries
+from kvbench.leaderboard import analysis, charts, downloads, permalink, queries
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
 from kvbench.leaderboard.display import MISSING
@@ -34,6 +34,7 @@ VIEWS = [
     "Policy",
     "Provenance",
     "Downloads",
+    "Analysis",
     "About",
 ]
 BADGE_MARKDOWN = {
@@ -62,6 +63,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
         queries.policy_documentation,
         h2h.head_to_head,
         downloads.sample_count,
+        analysis.value_analyses,
     )
 }
 
@@ -108,6 +110,8 @@ def main(database: Path | None = None, public: bool | None = None) -> None:
     views = dict(zip(VIEWS, st.tabs(VIEWS, key="view", on_change="rerun"), strict=True))
     with views["About"]:
         st.markdown(ABOUT)
+    with views["Analysis"]:
+        analysis.analysis_view(query)
     if chosen.protocol is None or chosen.compression is None:
         st.info(f"No budgeted runs for {chosen.model} yet.")
         _remember(chosen)

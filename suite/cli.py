@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.commands import bench, check, leaderboard, lmeval, models, policies, run, submissions
+from kvbench.commands import analyze, bench, check, leaderboard, lmeval, models, policies, run, submissions
 from kvbench.errors import KvbenchError
 
 errors = Console(stderr=True)
@@ -18,7 +18,7 @@ errors = Console(stderr=True)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvbench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (run, check, policies, models, bench, leaderboard, submissions, lmeval):
+    for module in (run, check, policies, models, bench, leaderboard, submissions, lmeval, analyze):
         module.register(commands)
     return parser
 

@@ -130,6 +130,18 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
             )
 
 
+def _ingest_analyses(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """`kvbench analyze values` tables (runs/analysis/*.parquet), loaded whole into ``value_analysis``:
+    they are small, and each file is one analysis written at once."""
+    files = sorted((root / "analysis").glob("values-*.parquet"))
+    if not files:
+        return
+    paths = ", ".join(f"'{p.as_posix()}'" for p in files)
+    con.execute(
+        f"CREATE OR REPLACE TABLE value_analysis AS SELECT * FROM read_parquet([{paths}], union_by_name=true)"
+    )
+
+
 def _read_all(manifests: dict[Path, dict | None], shards: list[Path]) -> tuple[list[pa.Table], list[str]]:
     """The new shards' rows (each file read once), and every manifest and shard that does not read back,
     each with why."""
@@ -196,6 +208,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
                     [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
                 )
             _ingest_bench(con, root)
+            _ingest_analyses(con, root)
             con.execute("COMMIT")
             con.execute("CHECKPOINT")
         except BaseException:

@@ -16,12 +16,16 @@ from kvbench.runner.store import problem_key
 
 
 def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:
-    source = cell.task.probe
+    return make_probe_problems(cell.task.probe, cell.limit, backend.encode)
+
+
+def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[ProbeProblem]:
+    """A probe source's problems (at most ``limit``), their lengths counted with ``encode``."""
 
     def count(text: str) -> int:
-        return len(backend.encode(text))
+        return len(encode(text))
 
-    total = source.problems if cell.limit is None else min(source.problems, cell.limit)
+    total = source.problems if limit is None else min(source.problems, limit)
     kind = source.probe
     if kind == "fidelity":
         return [

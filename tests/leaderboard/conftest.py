@@ -1,5 +1,6 @@
 """A results database built by the real runner: a budget sweep on the probes, a public and a private
-reasoning task from hub-format fixtures, and a decode benchmark, all on the seeded tiny Qwen3."""
+reasoning task from hub-format fixtures, a value analysis and a decode benchmark, all on the seeded tiny
+Qwen3."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             *("--budget", "384", "--max-new-tokens", "16", "--limit", "2", "--samples", "1", "--quiet"),
             cwd=root,
         )
+    _kvbench(
+        *("analyze", "values", "--model", "tiny-qwen3", "--task", "fidelity"),
+        *("--limit", "1", "--group", "16"),
+        cwd=root,
+    )
     _kvbench(
         *("bench", "decode", "--model", "tiny-qwen3", "--tokens", "200", "--budget", "128"),
         *("--policy", "random", "--policy", "snapkv", "--out", "runs"),

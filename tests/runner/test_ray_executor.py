@@ -93,6 +93,16 @@ def test_ray_lands_the_local_executors_rows(cluster: str, local: dict, tmp_path:
     assert again.returncode == 0 and "0 problems computed, 6 reused" in again.stdout
 
 
+def test_driver_written_results_need_no_shared_folder(cluster: str, local: dict, tmp_path: Path) -> None:
+    ray_args = ["--executor", "ray", "--address", cluster, "--ray-cpus-per-worker", "1"]
+    ray_args += ["--ray-results", "driver"]
+    done = kvbench(*RUN, *ray_args, "--out", "out", cwd=tmp_path, env=os.environ | TOKEN)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stored(tmp_path / "out") == local
+    manifest = json.loads(next((tmp_path / "out" / "shards").glob("*/manifest.json")).read_text())
+    assert manifest["executor"]["results"] == "driver"
+
+
 def _unit_in_progress() -> int | None:
     """The pid of a replica that is scoring a unit right now (Ray titles it after the running method)."""
     for entry in Path("/proc").iterdir():

@@ -1,0 +1,1 @@
+"""Analyses of what a model caches (``kvbench analyze``): value-state statistics and their figures."""

@@ -1,0 +1,137 @@
+"""`kvbench analyze values`: a model's cached keys and values over a probe's teacher-forced traces, and
+the statistics of kvbench.analysis.values, stored as a tidy table.
+
+Each problem's trace (the probe's prompt through the chat template, then its continuation) goes through
+the model once with transformers' own cache, with no eviction. The layers' keys and values of all
+problems are concatenated along the token axis before the statistics are taken.
+
+The table is written to ``<out>/analysis/values-<id>.parquet``, one row per (model, task, layer, head,
+statistic), with the settings and the machine in every row. Ingest loads it into the ``value_analysis``
+table of the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvbench.analysis.values import Stat, layer_statistics, value_range
+
+
+@dataclass
+class Analysis:
+    model: str
+    task: str
+    problems: int
+    tokens: int
+    settings: dict[str, Any]
+    stats: list[Stat]
+    ranges: list[Tensor] = field(default_factory=list)
+    """Range(v) per layer, [Hkv, T]: what the figures draw."""
+
+    @property
+    def analysis_id(self) -> str:
+        text = json.dumps({"model": self.model, "task": self.task, **self.settings}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def collect(
+    model: str,
+    task: str,
+    *,
+    limit: int | None = 2,
+    bits: tuple[int, ...] = (2, 4, 8),
+    group: int = 32,
+    above: float = 4.0,
+    position_bins: int = 8,
+    device: str = "cpu",
+) -> Analysis:
+    from kvbench.adapters.hf.models import load_model
+    from kvbench.errors import SpecError
+    from kvbench.runner.probe_units import make_probe_problems
+    from kvbench.specs.task import load_task
+
+    spec = load_task(task)
+    if spec.source.kind != "probe":
+        raise SpecError(
+            f"task {spec.name!r} is not a probe: `kvbench analyze values` reads teacher-forced probe traces "
+            "(passkey, planted-fact, fidelity)"
+        )
+    loaded = load_model(model, device=device)
+    encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    keys: list[list[Tensor]] = []
+    values: list[list[Tensor]] = []
+    problems = make_probe_problems(spec.probe, limit, encode)
+    for problem in problems:
+        ids = loaded.prompt_ids(problem.stub) + [
+            t for _, piece in problem.token_pieces(encode) for t in piece
+        ]
+        layer_keys, layer_values = _cache_of(loaded, ids)
+        keys.append(layer_keys)
+        values.append(layer_values)
+    settings = {"limit": limit, "bits": list(bits), "group": group, "above": above, "bins": position_bins}
+    stats: list[Stat] = []
+    ranges = []
+    for layer in range(len(keys[0])):
+        layer_k = torch.cat([k[layer] for k in keys], dim=1)
+        layer_v = torch.cat([v[layer] for v in values], dim=1)
+        stats += layer_statistics(
+            layer, layer_k, layer_v, bits=bits, group=group, above=above, position_bins=position_bins
+        )
+        ranges.append(value_range(layer_v.float()))
+    tokens = sum(v[0].shape[1] for v in values)
+    return Analysis(loaded.spec.name, spec.name, len(problems), tokens, settings, stats, ranges)
+
+
+@torch.inference_mode()
+def _cache_of(loaded: Any, ids: list[int]) -> tuple[list[Tensor], list[Tensor]]:
+    """Every layer's cached keys (post-RoPE) and values for one trace, [Hkv, T, D] each."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=loaded.model.config)
+    loaded.model(
+        input_ids=torch.tensor([ids], device=loaded.device), cache=cache, use_cache=True, logits_to_keep=1
+    )
+    layers: list[Any] = list(cache.layers)  # full-attention layers: each holds keys and values
+    return [layer.keys[0].cpu() for layer in layers], [layer.values[0].cpu() for layer in layers]
+
+
+def write_table(analysis: Analysis, out: Path) -> Path:
+    """The tidy table, as ``<out>/analysis/values-<id>.parquet``, written whole by atomic rename."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvbench.provenance import provenance
+
+    machine = json.dumps(provenance("cpu"), default=str)
+    settings = json.dumps(analysis.settings, sort_keys=True)
+    rows = [
+        {
+            "analysis_id": analysis.analysis_id,
+            "created": time.time(),
+            "model": analysis.model,
+            "task": analysis.task,
+            "problems": analysis.problems,
+            "tokens": analysis.tokens,
+            "layer": s.layer,
+            "head": s.head,
+            "statistic": s.statistic,
+            "value": s.value,
+            "settings": settings,
+            "provenance": machine,
+        }
+        for s in analysis.stats
+    ]
+    path = out / "analysis" / f"values-{analysis.analysis_id}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), temp)
+    temp.replace(path)
+    return path
