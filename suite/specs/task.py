@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -121,6 +121,15 @@ class TaskSpec(StrictSpec):
     )
     """Reference mean generated length per model name; '*' applies to any model."""
     licence: str = "self-written synthetic data"
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _lm_eval_grades_its_own(cls, data: Any) -> Any:
+        """An lm-eval source is graded by the lm-eval task's own metric unless the YAML says otherwise."""
+        source = data.get("source") if isinstance(data, dict) else None
+        if isinstance(source, dict) and source.get("kind") == "lm-eval" and "grader" not in data:
+            return {**data, "grader": "lm-eval"}
+        return data
 
     @pydantic.model_validator(mode="after")
     def _grader_fits_source(self) -> TaskSpec:
