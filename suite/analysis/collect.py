@@ -53,6 +53,7 @@ def collect(
     position_bins: int = 8,
     device: str = "cpu",
 ) -> Analysis:
+    from kvbench.adapters.hf.backend import HFBackend
     from kvbench.adapters.hf.models import load_model
     from kvbench.errors import SpecError
     from kvbench.runner.probe_units import make_probe_problems
@@ -65,7 +66,7 @@ def collect(
             "(passkey, planted-fact, fidelity)"
         )
     loaded = load_model(model, device=device)
-    encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    encode = HFBackend(loaded).encode
     keys: list[list[Tensor]] = []
     values: list[list[Tensor]] = []
     problems = make_probe_problems(spec.probe, limit, encode)
