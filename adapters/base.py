@@ -36,6 +36,8 @@ class Capabilities:
     attentions: tuple[str, ...]
     teacher_forcing: bool = True
     """Whether it can teacher-force (the probes and the fidelity metrics need it)."""
+    mixed_precision: bool = False
+    """Whether it can keep a mixed-precision cache (protocols with ``precision``)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,22 @@ class Sample:
         return len(self.tokens)
 
 
+@dataclass(frozen=True)
+class KVBudget:
+    """What a cell's budget means for one sequence's cache, all layers and KV heads together."""
+
+    tokens: int
+    """K: tokens held right after an event (a byte budget converted to tokens)."""
+    bytes: int
+    """What those K tokens cost, quantized ones packed (the byte budget)."""
+    full_bytes_per_token: int
+    """One token's cost in the model's precision."""
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes / self.tokens
+
+
 @dataclass
 class Generation:
     samples: list[Sample]
@@ -74,6 +92,7 @@ class Generation:
     peak_kv_bytes: int
     protected: ProtectedPrefix
     settings: dict[str, Any] = field(default_factory=dict)
+    kv_budget: KVBudget | None = None
 
 
 def before_stop(text: str, stop_strings: Sequence[str]) -> str:
@@ -107,6 +126,9 @@ class TeacherForced:
     peak_kv_bytes: int
     survival: Tensor | None = None
     """[k, L, Hkv] share of the watched positions held by each layer's KV head (when a Watch was given)."""
+    high_precision_survival: Tensor | None = None
+    """[k, L, Hkv] share of the watched positions held in the model's precision (mixed-precision caches)."""
+    kv_budget: KVBudget | None = None
 
     def against_full(self) -> tuple[Tensor, Tensor]:
         """(kl_to_full, top1_agrees_with_full), which only a teacher-forced pass with a reference has."""

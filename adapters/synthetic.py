@@ -16,7 +16,9 @@ import torch
 from torch import Tensor
 
 from kvbench.core.contract import ModelFacts, Policy
-from kvbench.core.engine import Evictor, LayerKV, PinnedSlots
+from kvbench.core.engine import Evictor, PinnedSlots
+from kvbench.core.layer_kv import LayerKV
+from kvbench.core.mixed_kv import Slots
 from kvbench.core.rope import apply_rope, rope_inv_freq
 from kvbench.core.schedule import Schedule
 from kvbench.core.seeding import generator, stable_seed
@@ -75,7 +77,7 @@ class SyntheticBackend:
         )
         self.gen = generator(stable_seed("synthetic", seed))
         self.seen = 0
-        self.layers: list[LayerKV] = []
+        self.layers: list[Slots] = []
         self.queries: list[Tensor] = []  # per layer [B, Hq, W, D], post-RoPE
         self._prefill(prompt_len)
 

@@ -42,11 +42,14 @@ BADGE_MARKDOWN = {
     "ties": ":gray-badge[ties]",
     "loses": ":red-badge[loses]",
 }
+MEMORY_COLUMNS = ("K held/N_avg", "bytes/token", "byte budget (MiB)")
 METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
     f"({DRAWS:,} draws). Δ vs null and the verdict: paired exact sign test against Random Attention on "
     "shared problems, Holm-corrected across this table's policies at α = 0.05. K/N_avg: the budget over "
-    "the task's reference mean length. *verified*: a maintainer re-ran a sample of the submission's "
+    "the task's reference mean length; K held/N_avg, bytes/token, byte budget: the tokens the cache held "
+    "after each event, what one cost and what they cost together per sequence (a mixed-precision protocol "
+    "holds more tokens in the same bytes). *verified*: a maintainer re-ran a sample of the submission's "
     "problems (`kvbench verify`); *local*: runs no submission holds."
 )
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -229,7 +232,11 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
     number = st.column_config.NumberColumn
     columns = list(table.frame.columns)
     by_kind = [c for c in columns if c.startswith("average (")]
-    first = [c for c in columns if c not in by_kind and c != "average"]
+    memory = [c for c in MEMORY_COLUMNS if c in columns]
+    first = [c for c in columns if c not in by_kind and c not in memory and c != "average"]
+    if "K/N_avg" in first:  # what the budget held and cost, beside K
+        k_at = first.index("K/N_avg") + 1
+        first = first[:k_at] + memory + first[k_at:]
     at = first.index("average ± CI") + 1
     _table(
         table.frame,
@@ -240,6 +247,9 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
             "Δ vs full": number(format="%+.3f"),
             "p (Holm)": number(format="%.3f"),
             "K/N_avg": number(format="%.2f"),
+            "K held/N_avg": number(format="%.2f"),
+            "bytes/token": number(format="%.0f"),
+            "byte budget (MiB)": number(format="%.2f"),
         },
     )
     badges = [

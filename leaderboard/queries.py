@@ -70,6 +70,9 @@ class Choices:
     seeds: list[int]
 
 
+DEFAULT_PROTOCOL = "protect-prompt"
+
+
 def choices(
     database: Path,
     model: str | None = None,
@@ -88,6 +91,8 @@ def choices(
                 "SELECT DISTINCT protocol FROM runs WHERE model = ? ORDER BY 1", [model]
             ).fetchall()
         ]
+        # the Random Attention paper's protocol first, where it ran: the table a visitor expects
+        protocols.sort(key=lambda name: name != DEFAULT_PROTOCOL)
         protocol = protocol or (protocols[0] if protocols else None)
         runtimes = [
             r[0]
@@ -204,11 +209,15 @@ def leaderboard(
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
         metrics = _metrics(con, run_ids)
+        memory = _memory(con, run_ids)
     kinds = task_kinds(runs, summaries)
     # a split by kind only where the ranked quantity is the tasks' own metric and the table mixes kinds
     split = sorted({kinds[t] for t in common}) if quantity == "score" else []
     records = [
-        _record(arm, tasks, summaries) | _by_kind(arm, common, kinds, summaries, split) | _badges(arm, held)
+        _record(arm, tasks, summaries)
+        | _memory_columns(arm, memory)
+        | _by_kind(arm, common, kinds, summaries, split)
+        | _badges(arm, held)
         for arm in shown
     ]
     frame = pd.DataFrame.from_records(records)
@@ -254,6 +263,31 @@ def _metrics(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, st
         [run_ids],
     ).fetchall()
     return {task: metric for task, metric in found if metric}
+
+
+def _memory(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, tuple[float, float, float]]:
+    """Per run: (K held in tokens, the byte budget, N_avg), as its samples recorded them."""
+    found = con.execute(
+        "SELECT run_id, avg(kv_budget_tokens), avg(kv_budget_bytes), any_value(r.n_avg) FROM samples "
+        "JOIN runs r USING (run_id) WHERE list_contains(?, run_id) AND kv_budget_tokens IS NOT NULL "
+        "GROUP BY run_id",
+        [run_ids],
+    ).fetchall()
+    return {run_id: (tokens, nbytes, n_avg) for run_id, tokens, nbytes, n_avg in found}
+
+
+def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+    """What the arm's budget held and cost: K in tokens (over N_avg; more than K/N_avg when quantized
+    tokens fit a byte budget), bytes per cached token, and the byte budget per sequence in MiB, averaged
+    over the arm's tasks (NaN for the full cache)."""
+    held = [memory[run.run_id] for run in arm.runs.values() if run.run_id in memory]
+    if not held:
+        return {"K held/N_avg": math.nan, "bytes/token": math.nan, "byte budget (MiB)": math.nan}
+    return {
+        "K held/N_avg": sum(tokens / n_avg for tokens, _, n_avg in held) / len(held),
+        "bytes/token": sum(nbytes / tokens for tokens, nbytes, _ in held) / len(held),
+        "byte budget (MiB)": sum(nbytes for _, nbytes, _ in held) / len(held) / 2**20,
+    }
 
 
 def _by_kind(

@@ -9,7 +9,8 @@ import torch
 
 from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.contract import EvictionView, Policy, policy
-from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.engine import Evictor
+from kvbench.core.layer_kv import LayerKV
 from kvbench.core.schedule import Schedule
 from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
 from kvbench.registry import make_policy

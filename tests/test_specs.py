@@ -49,3 +49,34 @@ def test_malformed_model_spec_names_file_field_and_fix(tmp_path: Path, text: str
 def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"model spec file .*nope.yaml does not exist"):
         load_model_spec(tmp_path / "nope.yaml")
+
+
+def test_a_protocol_identity_records_mixed_precision_only_where_a_protocol_sets_it() -> None:
+    from kvbench.specs.protocol import load_protocol
+
+    plain = load_protocol("protect-prompt")
+    identity = plain.identity()
+    assert "precision" not in identity and "unit" not in identity["budget"]
+    # everything else as before the option existed, so that no stored run id moved
+    dumped = plain.model_dump(mode="json", exclude={"description", "precision"})
+    del dumped["budget"]["unit"]
+    assert identity == dumped
+    mixed = load_protocol("mixed-4bit").identity()
+    assert mixed["precision"] == {"bits": 4, "group": 32, "high_precision": 32, "demote": "oldest"}
+    assert mixed["budget"] == {"ratio": 4.0, "fixed": None, "unit": "bytes"}
+    schedule = load_protocol("mixed-4bit").schedule(256, from_ratio=True)
+    assert schedule.budget_unit == "bytes" and schedule.precision is not None
+    assert schedule.precision.high_precision == 32
+
+
+def test_a_precision_without_its_bits_or_with_a_bad_group_is_refused(tmp_path: Path) -> None:
+    from kvbench.specs.protocol import load_protocol
+
+    text = (Path(__file__).parents[1] / "suite" / "protocols" / "mixed-4bit.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("  bits: 4\n", "  bits: 3\n"))
+    with pytest.raises(SpecError, match="bits"):
+        load_protocol(bad)
+    bad.write_text(text.replace("  group: 32\n", "  group: 12\n"))
+    with pytest.raises(SpecError, match="group"):
+        load_protocol(bad)

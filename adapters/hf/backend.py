@@ -103,6 +103,7 @@ class HFAdapter:
             devices=("cpu", "cuda"),
             dtypes=("float32", "bfloat16", "float16"),
             attentions=INNER,
+            mixed_precision=True,
         )
 
     def identity(self) -> dict[str, str]:

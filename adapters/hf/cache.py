@@ -5,6 +5,9 @@ attend to), ``get_seq_length`` (how many tokens were seen: RoPE positions keep c
 and ``get_mask_sizes`` / ``get_query_offset`` (how many slots are stored, which sizes the causal mask of
 a multi-token forward). Getting the last two wrong raises nothing under sdpa; the tests compare against
 full-cache outputs to catch it.
+
+Under a mixed-precision protocol each layer is a MixedLayerKV, and at every event moment of the schedule
+the cache demotes tokens to the protocol's bits, whether or not the policy evicts then.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvbench.adapters.base import KVBudget
 from kvbench.core.contract import Policy
 from kvbench.core.engine import Evictor, PinnedSlots
 from kvbench.core.layer_kv import LayerKV
+from kvbench.core.mixed_kv import MixedLayerKV, Slots
+from kvbench.core.precision import TokenCost, footprint
 from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError
 
@@ -29,17 +35,20 @@ class EvictingLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, schedule: Schedule) -> None:
         super().__init__()
         self.capacity = capacity
-        self.kv: LayerKV | None = None
+        self.schedule = schedule
+        self.kv: Slots | None = None
         self.seen = 0
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         batch, heads, _, dim = key_states.shape
-        self.kv = LayerKV.empty(
+        kv = LayerKV.empty(
             batch, heads, dim, dtype=key_states.dtype, device=key_states.device, capacity=self.capacity
         )
+        precision = self.schedule.precision
+        self.kv = kv if precision is None else MixedLayerKV(kv, precision, self.schedule.buffer)
         self.device = key_states.device
         self.is_initialized = True
 
@@ -53,7 +62,7 @@ class EvictingLayer(CacheLayerMixin):
         return self.slots.keys, self.slots.values
 
     @property
-    def slots(self) -> LayerKV:
+    def slots(self) -> Slots:
         """The layer's slots, created by its first update."""
         if self.kv is None:
             raise RuntimeError("a cache layer has no slots before its first update")
@@ -82,12 +91,15 @@ class EvictingCache(Cache):
 
     def __init__(self, evictor: Evictor, *, capacity: int, query_window: int) -> None:
         layers = evictor.model.num_layers
-        super().__init__(layers=[EvictingLayer(capacity) for _ in range(layers)])
+        super().__init__(layers=[EvictingLayer(capacity, evictor.schedule) for _ in range(layers)])
         self.evictor = evictor
+        self.schedule = evictor.schedule
         self.query_window = query_window
         self.queries: list[Tensor | None] = [None] * layers
         self.observes_attention = "step_attention" in evictor.policy.needs
         self.peak_bytes = 0
+        self.budget: KVBudget | None = None
+        """What the schedule's budget holds and costs, set by make_cache."""
 
     @property
     def evicting_layers(self) -> list[EvictingLayer]:
@@ -123,16 +135,32 @@ class EvictingCache(Cache):
         return sum(layer.kv.nbytes for layer in self.evicting_layers if layer.kv is not None)
 
     def evict_if_due(self) -> bool:
-        """Run one eviction event on every layer if the schedule says so; track peak KV memory."""
+        """Run one eviction event on every layer if the schedule says so (and, under mixed precision,
+        demote on every event moment); track peak KV memory. True when the policy evicted."""
         self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
-        if not self.evictor.due(self.stored):
-            return False
-        compacted = self.evictor.evict(
-            [layer.slots for layer in self.evicting_layers], step=self.seen, queries=self.queries
-        )
-        for layer, kv in zip(self.evicting_layers, compacted, strict=True):
-            layer.kv = kv
-        return True
+        if self.evictor.due(self.stored):
+            compacted = self.evictor.evict(
+                [layer.slots for layer in self.evicting_layers], step=self.seen, queries=self.queries
+            )
+            for layer, kv in zip(self.evicting_layers, compacted, strict=True):
+                layer.kv = kv
+            return True
+        if self.schedule.precision is not None and self.schedule.on_phase(self.stored):
+            for layer in self.evicting_layers:
+                kv = layer.slots
+                if isinstance(kv, MixedLayerKV) and kv.demotion_due():
+                    every = torch.arange(kv.length, device=kv.positions.device).expand_as(kv.positions)
+                    layer.kv = kv.compacted(every, self.schedule.buffer)
+        return False
+
+    def tokens_until_due(self) -> int:
+        """Tokens a multi-token forward may feed before the cache's next event moment (teacher forcing
+        cuts its chunks there, so that every event fires where token-by-token decoding fires it)."""
+        if self.schedule.precision is not None:
+            return self.schedule.tokens_until_phase(self.stored)
+        if self.evictor.policy.evicts:
+            return self.schedule.tokens_until_due(self.stored)
+        return 1 << 62
 
     def repeat_prompt_row(self, samples: int) -> None:
         """After a one-row prefill, give each of the ``samples`` rows its own copy of the prompt's slots."""
@@ -165,7 +193,12 @@ def make_cache(
     refuse_capped_prompt: bool = False,
     pinned: PinnedSlots | None = None,
 ) -> EvictingCache:
-    """An evicting cache sized for ``total_tokens`` (prompt + output) under ``policy``."""
+    """An evicting cache sized for ``total_tokens`` (prompt + output) under ``policy``.
+
+    A byte budget becomes tokens here, where the model's head dimension and dtype are known.
+    """
+    cost = TokenCost.of(loaded.facts.head_dim, _element_size(loaded), schedule.precision)
+    schedule = schedule.in_tokens(cost)
     evictor = Evictor(
         policy,
         schedule,
@@ -191,4 +224,15 @@ def make_cache(
     else:
         capacity = min(total_tokens, prompt_len + 4096)
     window = max(policy.query_window, 1) if "queries" in policy.needs else 0
-    return EvictingCache(evictor, capacity=capacity, query_window=window)
+    cache = EvictingCache(evictor, capacity=capacity, query_window=window)
+    per_head = footprint(schedule.budget, schedule.buffer, cost, schedule.precision)
+    cache.budget = KVBudget(
+        tokens=schedule.budget,
+        bytes=per_head * loaded.facts.num_layers * loaded.facts.num_kv_heads,
+        full_bytes_per_token=cost.full * loaded.facts.num_layers * loaded.facts.num_kv_heads,
+    )
+    return cache
+
+
+def _element_size(loaded: Any) -> int:
+    return torch.empty((), dtype=loaded.model.dtype).element_size()

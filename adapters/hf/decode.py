@@ -136,6 +136,7 @@ def generate(
         eviction_seconds=cache.evictor.stats.seconds,
         decode_seconds=decode_seconds,
         peak_kv_bytes=cache.peak_bytes,
+        kv_budget=cache.budget,
         protected=cache.evictor.stats.protected,
         settings={
             "sampling": sampling,

@@ -1,9 +1,10 @@
 """Teacher forcing through the eviction path: score a given continuation under a policy.
 
 The prompt is prefilled, then the continuation is fed in chunks of at most B tokens per forward, each
-chunk cut where token-by-token decoding would evict (``Schedule.tokens_until_due``), so that the cache
-every token attends to is exactly the one decoding would have built — about B times fewer forwards.
-Optionally a full-cache stream runs in lockstep, for KL(full ‖ policy) and top-1 agreement per token.
+chunk cut where token-by-token decoding would evict or, in a mixed-precision cache, demote
+(``EvictingCache.tokens_until_due``), so that the cache every token attends to is exactly the one decoding
+would have built — about B times fewer forwards. Optionally a full-cache stream (always in the model's
+precision) runs in lockstep, for KL(full ‖ policy) and top-1 agreement per token.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvbench.adapters.hf.cache import EvictingCache, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
 from kvbench.core.engine import PinnedSlots
+from kvbench.core.mixed_kv import MixedLayerKV
 from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
 
@@ -84,7 +86,7 @@ def teacher_force(
         full = make_cache(
             loaded,
             make_policy("full"),
-            schedule,
+            schedule.without_precision(),
             prompt_len=len(prompt_ids),
             row_seeds=row_seeds,
             total_tokens=total,
@@ -100,12 +102,12 @@ def teacher_force(
         predictions.append([last])
 
     policy_cache = streams[0].cache
-    survival = survival_of(policy_cache, watch) if watch is not None and watch.at == 0 else None
+    survival: tuple[Tensor | None, Tensor | None] = (None, None)
+    survival = survival_of(policy_cache, watch) if watch is not None and watch.at == 0 else survival
     fed, limit = 0, chunk or schedule.buffer
     while fed < len(cont) - 1:  # the last token is predicted, never fed
         size = min(limit, len(cont) - 1 - fed)
-        if policy.evicts:
-            size = min(size, schedule.tokens_until_due(policy_cache.stored))
+        size = min(size, policy_cache.tokens_until_due())
         if watch is not None and fed < watch.at:
             size = min(size, watch.at - fed)
         tokens = cont[fed : fed + size].expand(k, -1)
@@ -131,16 +133,21 @@ def teacher_force(
         eviction_events=policy_cache.evictor.stats.events,
         eviction_seconds=policy_cache.evictor.stats.seconds,
         peak_kv_bytes=policy_cache.peak_bytes,
-        survival=survival,
+        survival=survival[0],
+        high_precision_survival=survival[1],
+        kv_budget=policy_cache.budget,
     )
 
 
-def survival_of(cache: EvictingCache, watch: Watch) -> Tensor:
-    """[k, L, Hkv]: the share of the watched positions each layer's KV heads hold now."""
+def survival_of(cache: EvictingCache, watch: Watch) -> tuple[Tensor, Tensor | None]:
+    """[k, L, Hkv] each: the share of the watched positions each layer's KV heads hold now, and (for a
+    mixed-precision cache) the share they hold in the model's precision."""
     watched = torch.tensor(watch.positions, dtype=torch.long)
-    held = []
+    held, high = [], []
     for layer in cache.evicting_layers:
-        positions = layer.slots.positions
-        present = torch.isin(positions, watched.to(positions.device))  # [k, Hkv, S]
+        slots = layer.slots
+        present = torch.isin(slots.positions, watched.to(slots.positions.device))  # [k, Hkv, S]
         held.append(present.sum(dim=-1).float() / len(watch.positions))
-    return torch.stack(held, dim=1).cpu()
+        if isinstance(slots, MixedLayerKV):
+            high.append((present & slots.high_precision).sum(dim=-1).float() / len(watch.positions))
+    return torch.stack(held, dim=1).cpu(), torch.stack(high, dim=1).cpu() if high else None

@@ -105,6 +105,10 @@ class VLLMBackend:
             raise CapabilityError(
                 f"policy {policy.name!r} needs calibration statistics: run it on the hf adapter"
             )
+        if schedule.precision is not None:
+            raise CapabilityError(
+                "a mixed-precision cache runs on the hf adapter only: vLLM's paged blocks hold one precision"
+            )
         protected = schedule.protected_prefix(len(prompt_ids))
         if refuse_capped_prompt and policy.evicts:
             schedule.refuse_capped(len(prompt_ids))

@@ -16,7 +16,8 @@ from torch.utils.benchmark import Timer
 
 from kvbench.core.calibration import QueryStats
 from kvbench.core.contract import ModelFacts
-from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.engine import Evictor
+from kvbench.core.layer_kv import LayerKV
 from kvbench.core.rope import apply_rope, rope_inv_freq
 from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy

@@ -32,6 +32,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     decode.add_argument("--tokens", type=int, default=4096, help="generated tokens per policy (EOS ignored)")
     decode.add_argument("--budget", type=int, default=512)
     decode.add_argument("--buffer", type=int, default=64)
+    decode.add_argument(
+        "--precision",
+        action="append",
+        default=None,
+        metavar="PROTOCOL",
+        help="also run full and random in this protocol's mixed-precision cache (repeatable; "
+        "default: mixed-4bit and uniform-4bit; 'none' for none)",
+    )
     decode.add_argument("--json", help="also write the results and the machine to this file")
     decode.add_argument(
         "--out",
@@ -153,10 +161,19 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     from kvbench.provenance import describe_machine
 
     policies = args.policy or ["random", "streaming", "snapkv", "h2o", "vase-attnv"]
-    results = bench_decode(args.model, policies, tokens=args.tokens, budget=args.budget, buffer=args.buffer)
+    precisions = [p for p in args.precision or ["mixed-4bit", "uniform-4bit"] if p != "none"]
+    results = bench_decode(
+        args.model,
+        policies,
+        tokens=args.tokens,
+        budget=args.budget,
+        buffer=args.buffer,
+        precisions=precisions,
+    )
     table = Table(title=f"{args.model}: {args.tokens} generated tokens, K={args.budget}, B={args.buffer}")
     columns = (
         "policy",
+        "K held",
         "tokens/s",
         "× full",
         "events",
@@ -170,6 +187,7 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     for r in results:
         table.add_row(
             r.policy,
+            str(r.kv_budget_tokens or "-"),
             f"{r.tokens_per_second:.1f}",
             f"{r.speed_vs_full:.2f}",
             str(r.eviction_events),

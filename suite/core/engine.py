@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, ModelFacts, Policy, StepView
-from kvbench.core.layer_kv import LayerKV
+from kvbench.core.mixed_kv import Slots
 from kvbench.core.schedule import ProtectedPrefix, Schedule
 from kvbench.core.seeding import eviction_seed, generator
 from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
@@ -91,7 +91,7 @@ class Evictor:
         """Rows ``rows`` stay in the batch (the others finished); their seeds keep their meaning."""
         self.row_seeds = [self.row_seeds[r] for r in rows]
 
-    def observe(self, layer: int, layer_kv: LayerKV, attention: Tensor, step: int) -> None:
+    def observe(self, layer: int, layer_kv: Slots, attention: Tensor, step: int) -> None:
         """Pass one layer's step attention [B, Hq, q, S] to a policy that asked for it."""
         if "step_attention" in self.policy.needs:
             self.policy.observe(
@@ -107,12 +107,12 @@ class Evictor:
 
     def evict(
         self,
-        layers: Sequence[LayerKV],
+        layers: Sequence[Slots],
         *,
         step: int,
         queries: Sequence[Tensor | None] | None = None,
         layer_ids: Sequence[int] | None = None,
-    ) -> list[LayerKV]:
+    ) -> list[Slots]:
         """Run one eviction event on every layer in ``layers``; return the compacted layers.
 
         ``queries[i]`` is layer i's window of recent post-RoPE queries [B, Hq, W, D] (or None when the
@@ -139,7 +139,7 @@ class Evictor:
         return compacted
 
     # -- internals --------------------------------------------------------------------------------
-    def _layer_scores(self, kv: LayerKV, layer: int, event: int, step: int, queries: Tensor | None) -> Tensor:
+    def _layer_scores(self, kv: Slots, layer: int, event: int, step: int, queries: Tensor | None) -> Tensor:
         n = kv.length - self.schedule.buffer
         positions = kv.positions[:, :, :n]
         protected = positions < self.stats.protected.count
@@ -201,7 +201,7 @@ class Evictor:
                 "give -inf only to slots that must never be kept"
             )
 
-    def _keep_index(self, kv: LayerKV, scores: Tensor) -> Tensor:
+    def _keep_index(self, kv: Slots, scores: Tensor) -> Tensor:
         """[B, Hkv, K] slot indices to keep: the top K − B candidates, then the buffer."""
         batch, heads, n = scores.shape
         keep = self.schedule.keep

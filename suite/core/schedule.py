@@ -6,14 +6,18 @@
   between K and K + B;
 - protection: the whole prompt, the first n sink tokens, or nothing; capped at K − B − 1 slots so that
   at least one candidate is always chosen by the policy (the cap is reported, never silent);
-- compaction order: chronological (default) or score order.
+- compaction order: chronological (default) or score order;
+- precision (optional, kvbench.core.precision): a mixed-precision cache demotes tokens to a few bits at
+  the same moments, (length − K) a multiple of B, evicting or not; with ``budget_unit: bytes`` the budget
+  K is the bytes of K tokens in the model's precision, and the cache holds as many tokens as fit them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from kvbench.core.precision import MixedPrecision, TokenCost, tokens_for_bytes
 from kvbench.errors import BudgetError
 
 Protection = Literal["prompt", "sinks", "none"]
@@ -42,6 +46,8 @@ class Schedule:
     order: Order = "chronological"
     budget_multiple_of_buffer: bool = False
     """Refuse a budget that is not a multiple of the buffer (protocols with a ratio rule ask this)."""
+    precision: MixedPrecision | None = None
+    budget_unit: Literal["tokens", "bytes"] = "tokens"
 
     def __post_init__(self) -> None:
         if self.buffer < 1:
@@ -63,6 +69,8 @@ class Schedule:
             raise BudgetError(f"order must be 'chronological' or 'score', got {self.order!r}")
         if self.protection == "sinks" and self.sinks < 0:
             raise BudgetError(f"sinks must be >= 0, got {self.sinks}")
+        if self.budget_unit not in ("tokens", "bytes"):
+            raise BudgetError(f"budget_unit must be 'tokens' or 'bytes', got {self.budget_unit!r}")
 
     @property
     def keep(self) -> int:
@@ -102,3 +110,25 @@ class Schedule:
         if length < self.budget:
             return self.budget + self.buffer - length
         return self.buffer - (length - self.budget) % self.buffer
+
+    def on_phase(self, length: int) -> bool:
+        """Whether ``length`` is an event moment, (length − K) a multiple of B: where a mixed-precision
+        cache demotes, evicting or not."""
+        return (length - self.budget) % self.buffer == 0
+
+    def tokens_until_phase(self, length: int) -> int:
+        """The smallest t >= 1 such that ``length + t`` is an event moment."""
+        return self.buffer - (length - self.budget) % self.buffer
+
+    def in_tokens(self, cost: TokenCost) -> Schedule:
+        """This schedule with its budget in tokens: a byte budget becomes the most tokens whose footprint
+        fits it (the same schedule when the budget is already in tokens)."""
+        if self.budget_unit == "tokens":
+            return self
+        multiple = self.buffer if self.budget_multiple_of_buffer else 1
+        tokens = tokens_for_bytes(self.budget, self.buffer, cost, self.precision, multiple=multiple)
+        return replace(self, budget=tokens, budget_unit="tokens")
+
+    def without_precision(self) -> Schedule:
+        """The same eviction schedule over a cache kept wholly in the model's precision."""
+        return replace(self, precision=None)

@@ -118,7 +118,7 @@ class EvictionSettings(pydantic.BaseModel):
             "kvbench_version": kvbench.__version__,
             "model": self.model_spec.model_dump(mode="json"),
             "policy": policy_record(self.policy_instance),
-            "protocol": self.protocol_spec.model_dump(mode="json", exclude={"description"}),
+            "protocol": self.protocol_spec.identity(),
             "budget": budget,
             "budget_from_ratio": from_ratio,
             "n_avg": self.n_avg,

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
 
 
@@ -83,6 +83,17 @@ class SampleRecord(BaseModel):
     """Needle probes: the share of layers in which at least one KV head holds the whole needle."""
     needle_survival_by_head: Annotated[list[float] | None, FLOATS] = None
     """Needle probes: the share held by each KV head, layer-major ([L × Hkv] flattened)."""
+    needle_high_precision: float | None = None
+    """Needle probes under a mixed-precision protocol: the share of the needle's tokens held in the model's
+    precision (not quantized), averaged over layers and KV heads, where ``needle_survival`` is read."""
+    kv_budget_tokens: Annotated[int, INT32] | None = None
+    """K as the cache held it: tokens per KV head right after an event (a byte budget converted)."""
+    kv_budget_bytes: int | None = None
+    """What K tokens cost for one sequence, all layers and KV heads, quantized tokens packed: the byte
+    budget (bytes per cached token = kv_budget_bytes / kv_budget_tokens). None for the full cache."""
+    kv_peak_bytes: int | None = None
+    """The largest footprint this sample's cache reached (its share of the batch's), measured from the
+    cache's tensors."""
     eviction_seconds: float
     """Time spent choosing what to evict, this sample's share of its batch."""
     secondary: Annotated[dict[str, Any], JSON] = pydantic.Field(default_factory=dict)

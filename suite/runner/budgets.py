@@ -16,7 +16,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from kvbench.adapters.base import KVBudget
 from kvbench.errors import BudgetError
 from kvbench.runner.plan import Cell, make_cell
 from kvbench.runner.store import ShardStore, read_records
@@ -151,3 +153,13 @@ def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str
             measurement = _write_once(measurement_path(out, pending.key), fresh)
         settled.append(settle(cell, measurement))
     return settled
+
+
+def budget_fields(cell: Cell, budget: KVBudget | None, peak_bytes: int, rows: int) -> dict[str, Any]:
+    """The sample record's budget and memory fields: the budget is None for the full cache."""
+    held = budget is not None and cell.policy.evicts
+    return {
+        "kv_budget_tokens": budget.tokens if held and budget is not None else None,
+        "kv_budget_bytes": budget.bytes if held and budget is not None else None,
+        "kv_peak_bytes": peak_bytes // max(rows, 1),
+    }

@@ -12,6 +12,7 @@ from typing import Any
 from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.registry import Grader
 from kvbench.results.records import SampleRecord
+from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import problem_key
 from kvbench.specs.task_data import Problem
@@ -73,6 +74,7 @@ def score_generation(
                 secondary=secondary,
                 output=sample.text if public else None,
                 wall_seconds=seconds,
+                **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
             )
         )
     return rows

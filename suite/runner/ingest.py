@@ -109,7 +109,7 @@ def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
             else:
                 values = [r["tokens"], r["tokens_per_second"], r["speed_vs_full"], r["peak_kv_bytes"],
                           r["memory_vs_full"], r["ms_per_event"]]  # fmt: skip
-                details = {}
+                details = {k: r[k] for k in ("precision", "kv_budget_tokens") if r.get(k) is not None}
             con.execute(
                 "INSERT OR IGNORE INTO bench (file, created, model, policy, budget, buffer, tokens, "
                 "tokens_per_second, speed_vs_full, peak_kv_bytes, memory_vs_full, ms_per_event, machine, "

@@ -103,7 +103,10 @@ class Cell:
         return spec_identity(self.resolved)
 
     def schedule(self) -> Schedule:
-        return self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)
+        schedule = self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)
+        # the no-eviction reference stays in the model's precision under every protocol, so that N_avg
+        # (and hence K) is the same for a mixed-precision protocol and for eviction alone
+        return schedule.without_precision() if self.role == "reference" else schedule
 
     @property
     def label(self) -> str:
@@ -164,7 +167,7 @@ def make_cell(
         "model": model.model_dump(mode="json"),
         "task": task.model_dump(mode="json"),
         "policy": policy_record(policy),
-        "protocol": protocol.model_dump(mode="json", exclude={"description"}),
+        "protocol": protocol.identity(),
         "budget": budget,
         "n_avg": n_avg,
         "ratio": ratio,
@@ -419,5 +422,11 @@ def check_capabilities(cells: list[Cell]) -> None:
             if needs - can.needs:
                 missing = ", ".join(sorted(needs - can.needs))
                 problems.append(f"policy {policy!r} needs {missing}, which the {adapter.name} adapter lacks")
+        for protocol in dict.fromkeys(c.protocol.name for c in here if c.protocol.precision is not None):
+            if not can.mixed_precision:
+                problems.append(
+                    f"protocol {protocol!r} keeps a mixed-precision cache, which the {adapter.name} adapter "
+                    "cannot (the hf adapter can)"
+                )
     if problems:
         raise CapabilityError("these cells cannot run as asked:\n  " + "\n  ".join(problems))

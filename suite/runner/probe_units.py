@@ -11,6 +11,7 @@ from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.results.records import SampleRecord
+from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import problem_key
 
@@ -102,6 +103,8 @@ def score_probe(
                 measured["needle_survival"] = float(held.mean())
                 measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
                 measured["needle_survival_by_head"] = held.flatten().tolist()
+            if result.high_precision_survival is not None:
+                measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
             secondary = {"answer_tokens": len(answer), "depth": source.depth}
         rows.append(
             SampleRecord(
@@ -121,6 +124,7 @@ def score_probe(
                 secondary=secondary,
                 output=None,
                 wall_seconds=seconds,
+                **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
                 **measured,
             )
         )

@@ -43,13 +43,17 @@ _PROMOTED = {
 # what every shard since schema 4 holds; the rest of the current schema may be derived by upgrade()
 ADDED_IN_6 = ("needle_survival", "needle_whole_layers", "needle_survival_by_head")
 """Columns schema 6 added; older shards read them as missing (None)."""
-_REQUIRED = [name for name in SAMPLE_SCHEMA.names if name not in (*_PROMOTED.values(), *ADDED_IN_6)]
+ADDED_IN_8 = ("needle_high_precision", "kv_budget_tokens", "kv_budget_bytes", "kv_peak_bytes")
+"""Columns schema 8 added (mixed precision and the budget's bytes); older shards read them as missing."""
+_REQUIRED = [
+    name for name in SAMPLE_SCHEMA.names if name not in (*_PROMOTED.values(), *ADDED_IN_6, *ADDED_IN_8)
+]
 
 
 def upgrade(table: pa.Table) -> pa.Table:
     """A shard's rows in the current sample schema: a shard written before its measurements became columns
     (schema 4) has them moved out of ``secondary``, values unchanged; columns added later (schema 6's
-    needle survival) read as missing."""
+    needle survival, schema 8's budget bytes) read as missing."""
     if set(SAMPLE_SCHEMA.names) <= set(table.column_names):
         return table.select(SAMPLE_SCHEMA.names).cast(SAMPLE_SCHEMA)
     rows = table.to_pylist()

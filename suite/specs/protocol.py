@@ -7,6 +7,7 @@ from typing import Literal
 
 import pydantic
 
+from kvbench.core.precision import MixedPrecision
 from kvbench.core.schedule import Schedule
 from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
 from kvbench.specs.model import Family
@@ -30,6 +31,9 @@ class BudgetRule(StrictSpec):
     ratio: float | None = pydantic.Field(default=None, gt=1.0, le=MAX_TOKENS)
     """Compression: K = N_avg / ratio, so a ratio of 1 or less would not compress."""
     fixed: int | None = pydantic.Field(default=None, gt=0, le=MAX_TOKENS)
+    unit: Literal["tokens", "bytes"] = "tokens"
+    """``bytes``: K is the memory of K tokens in the model's precision, and a mixed-precision cache holds
+    as many tokens as fit it (equal-bytes comparisons); the same as ``tokens`` without ``precision``."""
 
     @pydantic.model_validator(mode="after")
     def _one_of(self) -> BudgetRule:
@@ -44,6 +48,22 @@ class BudgetRule(StrictSpec):
             raise ValueError("a budget rule needs `fixed` or `ratio`")
         rounded = round(n_avg / self.ratio / buffer) * buffer
         return max(rounded, 2 * buffer)
+
+
+class PrecisionSpec(StrictSpec):
+    """A mixed-precision cache (kvbench.core.precision): the buffer and N_hp largest-range tokens per KV
+    head in the model's precision, every other token's key and value at ``bits`` per channel."""
+
+    bits: Literal[2, 4, 8]
+    group: int = pydantic.Field(default=32, ge=8, le=1 << 12, multiple_of=8)
+    """Channels per quantization group (one scale and offset each); must divide the head dimension."""
+    high_precision: int = pydantic.Field(ge=0, le=MAX_TOKENS)
+    """N_hp: high-precision tokens per KV head besides the buffer (0: uniform quantization)."""
+    demote: Literal["oldest", "smallest-range"] = "oldest"
+    """Which high-precision token is quantized when a larger-range one arrives."""
+
+    def core(self) -> MixedPrecision:
+        return MixedPrecision(self.bits, self.group, self.high_precision, self.demote)
 
 
 class ProtocolSpec(StrictSpec):
@@ -63,6 +83,18 @@ class ProtocolSpec(StrictSpec):
     """The null baseline every policy is compared with (Random Attention)."""
     reference: str = "full"
     """The no-eviction reference."""
+    precision: PrecisionSpec | None = None
+    """A mixed-precision cache for every arm (the full reference included); None keeps the model's."""
+
+    def identity(self) -> dict[str, object]:
+        """The protocol as a run's identity records it: options left at their defaults that older
+        kvbench releases lacked are left out, so that adding them moved no existing run id."""
+        record = self.model_dump(mode="json", exclude={"description"})
+        if record["precision"] is None:
+            del record["precision"]
+        if record["budget"]["unit"] == "tokens":
+            del record["budget"]["unit"]
+        return record
 
     def schedule(self, budget: int, *, from_ratio: bool) -> Schedule:
         """The schedule at budget K; a K derived from a ratio must be a multiple of the buffer."""
@@ -73,6 +105,8 @@ class ProtocolSpec(StrictSpec):
             sinks=self.sinks,
             order=self.order,
             budget_multiple_of_buffer=from_ratio,
+            precision=self.precision.core() if self.precision is not None else None,
+            budget_unit=self.budget.unit,
         )
 
 

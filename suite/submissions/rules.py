@@ -222,9 +222,7 @@ def _spec_problem(run: StoredRun, cell: dict[str, Any]) -> str | None:
         parts = {
             "model": ModelSpec.model_validate(spec["model"]).model_dump(mode="json"),
             "task": TaskSpec.model_validate(spec["task"]).model_dump(mode="json"),
-            "protocol": ProtocolSpec.model_validate({**spec["protocol"], "description": ""}).model_dump(
-                mode="json", exclude={"description"}
-            ),
+            "protocol": ProtocolSpec.model_validate({**spec["protocol"], "description": ""}).identity(),
         }
         RunRecord.from_manifest(run.manifest)
     except (KeyError, TypeError, pydantic.ValidationError) as exc:
@@ -374,12 +372,9 @@ def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Check
     except (UnicodeDecodeError, yaml.YAMLError, pydantic.ValidationError) as exc:
         checked.fail(member, "protocol", f"not a valid protocol ({_first_line(exc)})")
         return
-    if shipped.model_dump(mode="json", exclude={"description"}) != resolved:
+    if shipped.identity() != resolved:
         checked.fail(member, "protocol", f"is not the protocol run {run.run_id} resolved")
-    if (
-        name in protocol_names()
-        and load_protocol(name).model_dump(mode="json", exclude={"description"}) != resolved
-    ):
+    if name in protocol_names() and load_protocol(name).identity() != resolved:
         checked.fail(member, "protocol", f"differs from this kvbench's protocol {name!r} under the same name")
 
 

@@ -66,15 +66,18 @@ def by_policy(app: AppTest) -> dict[str, dict]:
     return {row["policy"]: row for row in frame(app, "Leaderboard").to_dict("records")}
 
 
-def sql_scores(database: Path, ratio: float | None, budget: int | None = None) -> dict[str, dict]:
-    """Per policy and task: problem -> the mean of its samples' metric, straight from SQL."""
+def sql_scores(
+    database: Path, ratio: float | None, budget: int | None = None, protocol: str = "protect-prompt"
+) -> dict[str, dict]:
+    """Per policy and task: problem -> the mean of its samples' metric under ``protocol``, straight from
+    SQL."""
     con = duckdb.connect(str(database), read_only=True)
     try:
         rows = con.execute(
             "SELECT r.policy, s.task, s.problem_id, avg(s.metric) FROM samples s JOIN runs r USING (run_id) "
-            "WHERE r.model = 'tiny-qwen3' "
+            "WHERE r.model = 'tiny-qwen3' AND r.protocol = ? "
             "AND (r.role = 'reference' OR r.ratio = ? OR (? IS NULL AND r.budget = ?)) GROUP BY ALL",
-            [ratio, ratio, budget],
+            [protocol, ratio, ratio, budget],
         ).fetchall()
     finally:
         con.close()

@@ -12,6 +12,7 @@ import pytest
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
+MIXED = Path(__file__).resolve().parents[1] / "fixtures" / "protocols" / "mixed-4bit-g8.yaml"
 
 SWEEP = """
 spec_version: 1
@@ -36,6 +37,7 @@ def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("board")
     (root / "sweep.yaml").write_text(SWEEP)
     _kvbench("run", "--suite", "sweep.yaml", "--quiet", cwd=root)
+    _kvbench("run", "--suite", "sweep.yaml", "--protocol", str(MIXED), "--ratio", "4", "--quiet", cwd=root)
     for task, data in (("gsm8k", "openai/gsm8k"), ("gpqa-diamond", "Idavidrein/gpqa")):
         _kvbench(
             *(
@@ -60,6 +62,7 @@ def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _kvbench(
         *("bench", "decode", "--model", "tiny-qwen3", "--tokens", "200", "--budget", "128"),
         *("--policy", "random", "--policy", "snapkv", "--out", "runs"),
+        *("--precision", str(MIXED)),
         cwd=root,
     )
     return root / "runs" / "kvbench.snapshot.duckdb"

@@ -109,9 +109,10 @@ def test_budget_curves_carry_every_policy_the_null_band_and_full(board_db: Path,
 def test_efficiency_shows_the_recorded_decode_benchmark(board_db: Path, monkeypatch) -> None:
     app = open_app(board_db, monkeypatch)
     rows = frame(app, "Efficiency")
-    assert set(rows["policy"]) == {"full", "random", "snapkv"}
+    mixed = {"full @ mixed-4bit-g8", "random @ mixed-4bit-g8"}  # the same caches at 4 bits
+    assert set(rows["policy"]) == {"full", "random", "snapkv", *mixed}
     scatter = chart_traces(app, "Efficiency")["policies"]
-    assert sorted(scatter["text"]) == ["full", "random", "snapkv"]
+    assert sorted(scatter["text"]) == sorted(["full", "random", "snapkv", *mixed])
     assert sorted(scatter["x"]) == sorted(rows["speed_vs_full"])
 
 

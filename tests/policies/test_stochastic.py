@@ -12,7 +12,8 @@ from scipy import stats
 
 from kvbench.adapters.synthetic import synthetic_model
 from kvbench.core.contract import LayerState
-from kvbench.core.engine import Evictor, LayerKV
+from kvbench.core.engine import Evictor
+from kvbench.core.layer_kv import LayerKV
 from kvbench.core.schedule import Schedule
 from kvbench.policies.scoring import gumbel_topk
 from kvbench.registry import make_policy

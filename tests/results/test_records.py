@@ -22,7 +22,7 @@ from kvbench.results import records
 from kvbench.results.check import outputs_digest
 from kvbench.results.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
 from kvbench.runner.ingest import SCHEMA
-from kvbench.runner.store import ADDED_IN_6, upgrade
+from kvbench.runner.store import ADDED_IN_6, ADDED_IN_8, upgrade
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
@@ -75,13 +75,18 @@ def test_a_schema_5_shard_keeps_its_columns_and_reads_no_survival() -> None:
         correct=False, strict_correct=False, finish_reason="teacher-forced", generated_tokens=9, evictions=2,
         eviction_seconds=0.5, output=None, wall_seconds=1.0, answer_logprob=-12.5, no_answer=True,
         grader_version="math-1", needle_survival=0.25, needle_whole_layers=0.5,
-        needle_survival_by_head=[0.0, 0.5, 0.25, 0.25],
+        needle_survival_by_head=[0.0, 0.5, 0.25, 0.25], needle_high_precision=0.75, kv_budget_tokens=704,
+        kv_budget_bytes=126976, kv_peak_bytes=150000,
     )  # fmt: skip
     table = pa.Table.from_pylist([record.row()], schema=records.SAMPLE_SCHEMA)
     assert upgrade(table).to_pylist() == [record.row()]  # the current schema reads back unchanged
-    v5 = table.drop_columns(list(ADDED_IN_6))
+    v5 = table.drop_columns([*ADDED_IN_6, *ADDED_IN_8])
     (row,) = upgrade(v5).to_pylist()
-    assert row == record.row() | dict.fromkeys(ADDED_IN_6)  # measured columns kept, survival unknown
+    # measured columns kept, survival and budget bytes unknown
+    assert row == record.row() | dict.fromkeys([*ADDED_IN_6, *ADDED_IN_8])
+    v7 = table.drop_columns(list(ADDED_IN_8))
+    (row,) = upgrade(v7).to_pylist()
+    assert row == record.row() | dict.fromkeys(ADDED_IN_8)
 
 
 def old_values(database: Path) -> list[tuple[Any, ...]]:

@@ -51,7 +51,7 @@ def test_fixed_budget_and_ratio_overrides() -> None:
         (RunRequest(tasks=("paskey",)), UnknownNameError, "unknown task 'paskey'. Did you mean 'passkey'"),
         (RunRequest(protocol="protect"), UnknownNameError, "unknown protocol 'protect'.*protect-prompt"),
         (RunRequest(models=("smol",)), UnknownNameError, "unknown model 'smol'"),
-        (RunRequest(suite="fast"), UnknownNameError, "Known suites: ci, probes, quick"),
+        (RunRequest(suite="fast"), UnknownNameError, "Known suites: ci, mixed-precision, probes, quick"),
     ],
 )
 def test_unknown_names_list_the_known_ones(request_: RunRequest, error: type, message: str) -> None:
