@@ -59,11 +59,13 @@ def test_the_runner_runs_on_the_toy_adapter_alone(tmp_path: Path) -> None:
 
 def test_capabilities_are_checked_once_before_any_model_loads(tmp_path: Path) -> None:
     args = ["run", "--adapter", "toy", "--model", "tiny-qwen3", "--task", "fidelity", "--device", "cuda"]
+    args += ["--protocol", "mixed-4bit"]
     result, output = kvbench_in_process(tmp_path, *args, "--policy", "snapkv", "--quiet")
     assert result["code"] == 2 and not (tmp_path / "runs").exists()
     assert "device 'cuda': the toy adapter provides cpu" in output
     assert "attention 'sdpa': the toy adapter provides toy" in output
     assert "policy 'snapkv' needs queries, which the toy adapter lacks" in output
+    assert "protocol 'mixed-4bit' keeps a mixed-precision cache, which the toy adapter cannot" in output
 
 
 def test_an_unknown_adapter_is_named_with_the_known_ones(tmp_path: Path) -> None:
