@@ -76,10 +76,6 @@ class KVBudget:
     full_bytes_per_token: int
     """One token's cost in the model's precision."""
 
-    @property
-    def bytes_per_token(self) -> float:
-        return self.bytes / self.tokens
-
 
 @dataclass
 class Generation:

@@ -149,7 +149,8 @@ class EvictingCache(Cache):
             for layer in self.evicting_layers:
                 kv = layer.slots
                 if isinstance(kv, MixedLayerKV) and kv.demotion_due():
-                    every = torch.arange(kv.length, device=kv.positions.device).expand_as(kv.positions)
+                    batch, heads = kv.full.positions.shape[:2]
+                    every = torch.arange(kv.length, device=kv.full.positions.device).expand(batch, heads, -1)
                     layer.kv = kv.compacted(every, self.schedule.buffer)
         return False
 

@@ -69,11 +69,8 @@ class MixedLayerKV:
     def high_precision(self) -> Tensor:
         """[B, Hkv, length] bool: which logical slots are held in the model's precision."""
         batch, heads = self.packed_positions.shape[:2]
-        kinds = [
-            torch.zeros(batch, heads, self.quantized, dtype=torch.bool),
-            torch.ones(batch, heads, self.full.length, dtype=torch.bool),
-        ]
-        return torch.cat(kinds, dim=2).to(self.packed_positions.device)
+        slots = torch.arange(self.length, device=self.packed_positions.device)
+        return (slots >= self.quantized).expand(batch, heads, -1)
 
     def append(self, keys: Tensor, values: Tensor, positions: Tensor) -> None:
         self.full.append(keys, values, positions)
@@ -132,11 +129,11 @@ class MixedLayerKV:
         if keep == 0:
             return chosen
         local = (candidates - self.quantized).clamp(min=0)
-        values = _select_slots(self.full.values, local).float()
+        values = self.full.values
         # compared at bf16 resolution: a repeated token's values differ only by float rounding (chunked
         # or token-by-token forwards), and their order must not hinge on it; ties go to the newer token
         ranges = (values.amax(dim=-1) - values.amin(dim=-1)).to(torch.bfloat16).float()
-        ranges = ranges.masked_fill(~in_full, float("-inf"))
+        ranges = torch.gather(ranges, 2, local).masked_fill(~in_full, float("-inf"))
         positions = torch.gather(self.full.positions, 2, local)
         if self.precision.demote == "smallest-range":
             newest_first = positions.argsort(dim=-1, descending=True)

@@ -157,9 +157,9 @@ def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str
 
 def budget_fields(cell: Cell, budget: KVBudget | None, peak_bytes: int, rows: int) -> dict[str, Any]:
     """The sample record's budget and memory fields: the budget is None for the full cache."""
-    held = budget is not None and cell.policy.evicts
+    held = budget if cell.policy.evicts else None
     return {
-        "kv_budget_tokens": budget.tokens if held and budget is not None else None,
-        "kv_budget_bytes": budget.bytes if held and budget is not None else None,
+        "kv_budget_tokens": held.tokens if held is not None else None,
+        "kv_budget_bytes": held.bytes if held is not None else None,
         "kv_peak_bytes": peak_bytes // max(rows, 1),
     }

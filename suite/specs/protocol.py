@@ -84,7 +84,8 @@ class ProtocolSpec(StrictSpec):
     reference: str = "full"
     """The no-eviction reference."""
     precision: PrecisionSpec | None = None
-    """A mixed-precision cache for every arm (the full reference included); None keeps the model's."""
+    """A mixed-precision cache for the policies and the null (the full-cache reference always keeps the
+    model's precision); None keeps the model's precision everywhere."""
 
     def identity(self) -> dict[str, object]:
         """The protocol as a run's identity records it: options left at their defaults that older
