@@ -270,13 +270,12 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
 
 def print_measured_n_avg(group: list[Cell]) -> None:
     """Where K came from when it followed the full cache's measured N_avg."""
-    measured = [c.resolved["n_avg_measurement"] for c in group if "n_avg_measurement" in c.resolved]
-    for measurement in dict.fromkeys(json.dumps(m, sort_keys=True) for m in measured):
-        m = json.loads(measurement)
-        declared = "none" if m["declared"] is None else f"{m['declared']:g}"
+    measured = [c.spec.n_avg_measurement for c in group if c.spec.n_avg_measurement is not None]
+    for m in dict.fromkeys(measured):
+        declared = "none" if m.declared is None else f"{m.declared:g}"
         console.print(
-            f"K = N_avg/ratio with N_avg = {m['measured']:.1f} tokens, the full cache's mean generated "
-            f"length over {m['problems']} problems ({m['samples']} samples; run {m['reference_run']}); "
+            f"K = N_avg/ratio with N_avg = {m.measured:.1f} tokens, the full cache's mean generated "
+            f"length over {m.problems} problems ({m.samples} samples; run {m.reference_run}); "
             f"the task's declared estimate: {declared}"
         )
 

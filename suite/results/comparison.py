@@ -11,6 +11,7 @@ whose baseline is missing or differs in samples is reported as such, never paire
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 import duckdb
 
+from kvbench.results.pairing import pairs, partner
 from kvbench.results.stats import (
     Estimate,
     PairedComparison,
@@ -28,6 +30,7 @@ from kvbench.results.stats import (
 )
 from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import CellSummary, most_complete
+from kvbench.specs.resolved import ResolvedSpec, Role
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 """A run's runtime as one label: arms are compared within one runtime, never across two."""
@@ -35,6 +38,10 @@ RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 NO_BASELINE = "no matching baseline"
 """The verdict of an arm whose baseline was not run under the same protocol seed, runtime and samples
 per problem: it is shown, never paired with another baseline."""
+
+
+Arm = tuple[str, str, str]
+"""(policy, parameters, role)."""
 
 
 class StoredRun(NamedTuple):
@@ -56,6 +63,8 @@ class StoredRun(NamedTuple):
     policy: str
     params: str
     role: str
+    spec: ResolvedSpec
+    """The resolved spec: what pairs a run with its null and its full cache (kvbench.results.pairing)."""
 
     @property
     def arm(self) -> tuple[str, str, str]:
@@ -69,7 +78,7 @@ class StoredRun(NamedTuple):
 
 _RUNS = f"""
 SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
-       policy, policy_params, role
+       policy, policy_params, role, spec
 FROM runs
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
@@ -86,7 +95,7 @@ def stored_runs(
     """Runs in the order they were created; every filter is a bound parameter."""
     ids = None if run_ids is None else list(run_ids)
     rows = con.execute(_RUNS, [ids, ids, model, model, protocol, protocol]).fetchall()
-    return [StoredRun(*row) for row in rows]
+    return [StoredRun._make([*row[:-1], ResolvedSpec.read(json.loads(row[-1]), row[12])]) for row in rows]
 
 
 def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
@@ -129,6 +138,10 @@ class ArmResult:
     test: PairedComparison | None
     """The sign test against the baseline with its Holm-corrected verdict (arms under test only)."""
     vs_full: Estimate | None
+    null_runs: dict[str, str]
+    """Task -> the baseline's run this arm was paired with (kvbench.results.pairing); empty: unpaired."""
+    full_runs: dict[str, str]
+    """Task -> the full cache's run this arm was paired with; empty: unpaired."""
 
     @property
     def verdict(self) -> str | None:
@@ -159,30 +172,47 @@ def compare_table(
     Tasks in ``also`` are not pooled, but an arm's runs and per-task scores on them are reported.
     """
     chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
-    by_arm: dict[tuple[str, str, str], dict[str, StoredRun]] = {}
+    by_arm: dict[Arm, dict[str, StoredRun]] = {}
     for run in chosen:
         by_arm.setdefault(run.arm, {})[run.task] = run
     arms = {arm: got for arm, got in by_arm.items() if all(t in got for t in tasks)}
+    candidates = [a for a in arms if a[0] == baseline and a[2] != Role.REFERENCE]
+    base = next((a for a in candidates if a[2] == Role.NULL), candidates[0] if candidates else None)
+    full = next((a for a in arms if a[2] == Role.REFERENCE), None)
+    if full is not None and base is not None:  # the full cache that pairs with the null, where K matters
+        paired = {t: _partner(arms[base][t], runs, full, Role.REFERENCE) for t in tasks}
+        arms[full] = {**arms[full], **{t: run for t, run in paired.items() if run is not None}}
     pooled = {arm: pool({t: summaries[got[t].run_id].scores for t in tasks}) for arm, got in arms.items()}
-    candidates = [a for a in arms if a[0] == baseline and a[2] != "reference"]
-    base = next((a for a in candidates if a[2] == "null"), candidates[0] if candidates else None)
-    full = next((a for a in arms if a[2] == "reference"), None)
-    base_scores = pooled[base] if base is not None else {}
 
-    def pairs_with_base(arm: tuple[str, str, str]) -> bool:
-        return base is not None and all(arms[arm][t].samples == arms[base][t].samples for t in tasks)
+    def partner_runs(arm: Arm, other: Arm | None, role: Role) -> dict[str, StoredRun]:
+        """Task -> the other arm's run that pairs with this arm's; empty unless every task has one."""
+        if other is None or other == arm:
+            return {}
+        if arm[2] == Role.REFERENCE:  # the full cache against the null: the null's runs that pair with it
+            found = {
+                t: arms[other][t]
+                for t in tasks
+                if pairs(arms[other][t].spec, arms[arm][t].spec, Role.REFERENCE)
+            }
+        else:
+            found = {t: run for t in tasks if (run := _partner(arms[arm][t], runs, other, role)) is not None}
+        return found if len(found) == len(tasks) else {}
 
-    tested = [a for a in arms if a != base and a[2] != "reference" and pairs_with_base(a)]
-    tests = dict(
-        zip(tested, holm_verdicts([compare_arms(pooled[a], base_scores) for a in tested]), strict=True)
-    )
+    def scores(found: dict[str, StoredRun]) -> dict[tuple[str, str], float] | None:
+        return pool({t: summaries[run.run_id].scores for t, run in found.items()}) if found else None
+
+    nulls = {arm: partner_runs(arm, base, Role.NULL) for arm in arms}
+    fulls = {arm: partner_runs(arm, full, Role.REFERENCE) for arm in arms}
+    tested = [a for a in arms if a != base and a[2] != Role.REFERENCE and nulls[a]]
+    family = [compare_arms(pooled[a], scores(nulls[a]) or {}) for a in tested]
+    tests = dict(zip(tested, holm_verdicts(family), strict=True))
     results = []
     for arm, got in arms.items():
         parts = [summaries[got[t].run_id] for t in tasks]
-        test = tests.get(arm)
+        test, base_scores, full_scores = tests.get(arm), scores(nulls[arm]), scores(fulls[arm])
         if test is not None:
             vs_base = test.difference
-        elif arm != base and arm[2] == "reference" and pairs_with_base(arm):
+        elif arm[2] == Role.REFERENCE and base_scores is not None:
             vs_base = paired_difference(pooled[arm], base_scores)
         else:
             vs_base = None
@@ -205,7 +235,15 @@ def compare_table(
                 samples=sum(p.samples for p in parts),
                 vs_baseline=vs_base,
                 test=test,
-                vs_full=paired_difference(pooled[arm], pooled[full]) if full and arm != full else None,
+                vs_full=paired_difference(pooled[arm], full_scores) if full_scores is not None else None,
+                null_runs={t: run.run_id for t, run in nulls[arm].items()},
+                full_runs={t: run.run_id for t, run in fulls[arm].items()},
             )
         )
     return results
+
+
+def _partner(run: StoredRun, runs: Sequence[StoredRun], arm: Arm, role: Role) -> StoredRun | None:
+    """The run of ``arm`` on the same task that pairs with ``run`` in ``role`` (kvbench.results.pairing)."""
+    same = [r for r in runs if r.arm == arm and r.task == run.task]
+    return partner(run.spec, same, role, spec=lambda r: r.spec)

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from kvbench.specs.resolved import ResolvedSpec
+
 SCHEMA_VERSION = 8
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
 
@@ -154,44 +156,41 @@ class RunRecord(BaseModel):
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> RunRecord:
-        spec = manifest["spec"]
-        protocol, task = spec["protocol"], spec["task"]
+        spec = ResolvedSpec.read(manifest["spec"], manifest.get("role"))
         git = manifest.get("git") or {}
-        # a run planned before the runtime joined the identity ran with the hf adapter's defaults
-        runtime = spec.get("runtime") or {"adapter": "hf", "device": "cpu", "attention": "sdpa"}
-        measurement = spec.get("n_avg_measurement")
+        runtime, measurement = spec.ran_on, spec.n_avg_measurement
         return cls(
             run_id=manifest["run_id"],
             role=manifest.get("role"),
             label=manifest.get("label"),
-            adapter=runtime["adapter"],
-            device=runtime["device"],
-            dtype=runtime.get("dtype", spec["model"]["dtype"]),
-            attention=runtime["attention"],
-            model=spec["model"]["name"],
-            task=task["name"],
-            task_version=task["version"],
-            policy=spec["policy"]["name"],
-            policy_params=spec["policy"]["params"],
+            adapter=runtime.adapter,
+            device=runtime.device,
+            dtype=runtime.dtype or spec.model.dtype,
+            attention=runtime.attention,
+            model=spec.model.name,
+            task=spec.task.name,
+            task_version=spec.task.version,
+            policy=spec.policy.name,
+            policy_params=spec.policy.params,
             policy_doc=manifest.get("policy_doc"),
-            protocol=protocol["name"],
-            protection=protocol["protection"],
-            budget=spec["budget"],
-            buffer=protocol["buffer"],
-            n_avg=spec["n_avg"],
-            n_avg_declared=measurement["declared"] if measurement else spec["n_avg"],
-            n_avg_measured_on=measurement["reference_run"] if measurement else None,
-            ratio=spec["ratio"],
-            samples_per_problem=spec["samples"],
-            protocol_seed=protocol["seed"],
-            visibility=task["visibility"],
+            protocol=spec.protocol.name,
+            protection=spec.protocol.protection,
+            budget=spec.budget,
+            buffer=spec.protocol.buffer,
+            n_avg=spec.n_avg,
+            n_avg_declared=measurement.declared if measurement else spec.n_avg,
+            n_avg_measured_on=measurement.reference_run if measurement else None,
+            ratio=spec.ratio,
+            samples_per_problem=spec.samples,
+            protocol_seed=spec.protocol.seed,
+            visibility=spec.task.visibility,
             kvbench_version=manifest.get("kvbench"),
             git_sha=git.get("sha"),
             git_dirty=git.get("dirty"),
             packages=manifest.get("packages"),
             hardware=manifest.get("hardware"),
             created=manifest.get("created"),
-            spec=spec,
+            spec=manifest["spec"],
         )
 
     def row(self) -> dict[str, Any]:

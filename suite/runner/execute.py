@@ -60,7 +60,9 @@ def cell_problems(cell: Cell, backend: Backend) -> list:
 
     if cell.data is None:
         return load_problems(cell.task, None, cell.limit)
-    return load_problems(cell.task, Path(cell.data), cell.limit, fingerprint=cell.resolved["data"]["sha256"])
+    return load_problems(
+        cell.task, Path(cell.data), cell.limit, fingerprint=cell.spec.data.sha256 if cell.spec.data else None
+    )
 
 
 def prompt_length(problem, backend: Backend) -> int:
@@ -227,7 +229,7 @@ class _ModelRun:
     def run(self, cell: Cell, problems: list) -> None:
         """Score every problem the cell has not stored; each problem's shard is written whole."""
         store = ShardStore(self.out, cell.run_id)
-        store.write_manifest(cell.resolved, {**self.provenance, **manifest_notes(cell)})
+        store.write_manifest(cell.spec.record(), {**self.provenance, **manifest_notes(cell)})
         timings = self.timings
         calibration = calibration_for(cell, self.backend, self.calibrations, timings)
         chosen = self.only.get(cell.run_id)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kvbench.core.contract import Policy
 from kvbench.core.schedule import Schedule
@@ -22,20 +21,12 @@ from kvbench.registry import make_policy, policy_record
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
+from kvbench.specs.resolved import ResolvedSpec, Role, digest
 from kvbench.specs.suite import SuiteSpec, load_suite
 from kvbench.specs.task import TaskSpec, load_task
 
 RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
-
-Role = Literal["policy", "null", "reference"]
-
-
-def spec_identity(spec: Any) -> str:
-    """The identity of a resolved spec (or of a part of one): a cell's run id, and what `kvbench accept`
-    recomputes from a submitted run's manifest."""
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -87,10 +78,10 @@ class Cell:
     ratio: float | None
     samples: int
     limit: int | None
-    role: Role = "policy"
+    spec: ResolvedSpec = field(compare=False)
+    """What the cell's results depend on, typed: its manifest stores it, its identity is the run id."""
     data: str | None = None
     runtime: Runtime = Runtime()
-    resolved: dict[str, Any] = field(default_factory=dict, compare=False)
     pending: PendingBudget | None = None
     """Set until the budget follows a measured N_avg; ``budget`` is then the declared estimate (0 without
     one) and ``run_id`` provisional."""
@@ -100,13 +91,17 @@ class Cell:
 
     @property
     def run_id(self) -> str:
-        return spec_identity(self.resolved)
+        return self.spec.identity
+
+    @property
+    def role(self) -> Role:
+        return self.spec.role
 
     def schedule(self) -> Schedule:
         schedule = self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)
         # the no-eviction reference stays in the model's precision under every protocol, so that N_avg
         # (and hence K) is the same for a mixed-precision protocol and for eviction alone
-        return schedule.without_precision() if self.role == "reference" else schedule
+        return schedule.without_precision() if self.role is Role.REFERENCE else schedule
 
     @property
     def label(self) -> str:
@@ -161,7 +156,7 @@ def make_cell(
     suite: dict[str, str] | None = None,
 ) -> Cell:
     """A cell and its identity; ``measurement`` records the measured N_avg a budget follows."""
-    resolved = {
+    resolved: dict[str, Any] = {
         "runner_version": RUNNER_VERSION,
         "runtime": runtime.record(model.dtype),
         "model": model.model_dump(mode="json"),
@@ -184,8 +179,13 @@ def make_cell(
         from kvbench.specs.task_data import data_fingerprint
 
         resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
-    if role == "reference":  # the full cache does not depend on K: one reference serves every budget
-        resolved["budget"] = resolved["ratio"] = None
+    if role is Role.REFERENCE:
+        # the full cache's outputs do not depend on K, so one reference serves every budget; where its
+        # scores do (they start at the first eviction event), K is part of its identity (protocol.md)
+        resolved["ratio"] = None
+        if not task.scored_from_first_eviction:
+            resolved["budget"] = None
+    spec = ResolvedSpec.read(resolved, role)
     return Cell(
         model,
         task,
@@ -196,10 +196,9 @@ def make_cell(
         ratio,
         samples,
         limit,
-        role,
+        spec,
         data,
         runtime,
-        resolved,
         pending,
         suite,
     )
@@ -294,9 +293,7 @@ def _budgets(
 def measurement_key(reference: Cell) -> str:
     """The name of the N_avg measured on a full-cache arm: its identity without the problem limit and the
     samples per problem, so that extending a run keeps the budget its first run measured."""
-    kept = {k: v for k, v in reference.resolved.items() if k not in ("limit", "samples")}
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(reference.spec.without("limit", "samples"))
 
 
 def suite_origin(suite: SuiteSpec, path: Path) -> dict[str, str]:
@@ -366,15 +363,21 @@ def plan(request: RunRequest) -> list[Cell]:
             )
             # the full arm's identity does not depend on K: it names the measurement of N_avg
             full = cell_of(
-                model, task, make_policy(protocol.reference), protocol, budget=0, ratio=None, role="reference"
+                model,
+                task,
+                make_policy(protocol.reference),
+                protocol,
+                budget=0,
+                ratio=None,
+                role=Role.REFERENCE,
             )
             for budget, used_ratio, measured in _budgets(request, protocol, ratios, task, model.name, n_avg):
                 pending = PendingBudget(full.run_id, measurement_key(full)) if measured else None
-                arms: list[tuple[Policy, Role]] = [(p, "policy") for p in policies]
+                arms: list[tuple[Policy, Role]] = [(p, Role.POLICY) for p in policies]
                 if request.baselines:
                     arms += [
-                        (make_policy(protocol.baseline), "null"),
-                        (make_policy(protocol.reference), "reference"),
+                        (make_policy(protocol.baseline), Role.NULL),
+                        (make_policy(protocol.reference), Role.REFERENCE),
                     ]
                 for policy, role in arms:
                     cell = cell_of(
@@ -385,7 +388,7 @@ def plan(request: RunRequest) -> list[Cell]:
                         budget=budget,
                         ratio=used_ratio,
                         role=role,
-                        pending=None if role == "reference" else pending,
+                        pending=None if role is Role.REFERENCE else pending,
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)

@@ -261,7 +261,7 @@ class _ModelOnRay:
         units: list[tuple[Cell, str]] = []
         for cell in cells:
             store = ShardStore(self.out, cell.run_id)
-            store.write_manifest(cell.resolved, {**provenance, **manifest_notes(cell)})
+            store.write_manifest(cell.spec.record(), {**provenance, **manifest_notes(cell)})
             for problem_id in ids[cell.task.name]:
                 if store.has(problem_id):
                     self.timings.reused += 1

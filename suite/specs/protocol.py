@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 
-from kvbench.core.precision import MixedPrecision
-from kvbench.core.schedule import Schedule
 from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
 from kvbench.specs.model import Family
+
+if TYPE_CHECKING:  # the engine's types load torch, which readers of specs (the leaderboard) never need
+    from kvbench.core.precision import MixedPrecision
+    from kvbench.core.schedule import Schedule
 
 
 class SamplingSpec(StrictSpec):
@@ -63,6 +65,8 @@ class PrecisionSpec(StrictSpec):
     """Which high-precision token is quantized when a larger-range one arrives."""
 
     def core(self) -> MixedPrecision:
+        from kvbench.core.precision import MixedPrecision
+
         return MixedPrecision(self.bits, self.group, self.high_precision, self.demote)
 
 
@@ -99,6 +103,8 @@ class ProtocolSpec(StrictSpec):
 
     def schedule(self, budget: int, *, from_ratio: bool) -> Schedule:
         """The schedule at budget K; a K derived from a ratio must be a multiple of the buffer."""
+        from kvbench.core.schedule import Schedule
+
         return Schedule(
             budget=budget,
             buffer=self.buffer,

@@ -176,6 +176,12 @@ class TaskSpec(StrictSpec):
             raise TypeError(f"task {self.name!r} is a probe, not a dataset of problems")
         return self.source
 
+    @property
+    def scored_from_first_eviction(self) -> bool:
+        """Whether a sample's score covers only what follows the first eviction event, which is at K + B:
+        then even the full cache's scores depend on K (the fidelity probe)."""
+        return isinstance(self.source, ProbeSource) and self.source.probe == "fidelity"
+
     def reference_n_avg(self, model: str) -> float | None:
         if model in self.n_avg:
             return self.n_avg[model]

@@ -4,6 +4,7 @@ manifest and shards, its samples in an in-memory DuckDB, and the output digest `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 from kvbench.results.check import outputs_digest
 from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.runner.store import read_manifest, read_shard
+from kvbench.specs.resolved import ResolvedSpec, Role
 
 
 @dataclass(frozen=True)
@@ -23,17 +25,23 @@ class StoredRun:
     folder: Path
     manifest: dict[str, Any]
 
-    @property
-    def spec(self) -> dict[str, Any]:
-        return self.manifest["spec"]
+    @cached_property
+    def spec(self) -> ResolvedSpec:
+        """The typed resolved spec (raises on a spec this kvbench cannot parse: the rules catch it)."""
+        return ResolvedSpec.read(self.manifest["spec"], self.role)
 
     @property
-    def role(self) -> str:
-        return self.manifest.get("role") or "policy"
+    def role(self) -> Role:
+        return Role(self.manifest.get("role") or Role.POLICY)
 
     @property
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("*.parquet"))
+
+
+def spec_of(run: StoredRun) -> ResolvedSpec:
+    """A run's spec, as the pairing rule (kvbench.results.pairing) reads its candidates."""
+    return run.spec
 
 
 def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:

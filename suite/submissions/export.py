@@ -18,9 +18,11 @@ import yaml
 import kvbench
 from kvbench.errors import KvbenchError, PrerequisiteError, SpecError
 from kvbench.registry import builtin_policies, find_policy
+from kvbench.results.pairing import null_of, reference_of
 from kvbench.results.records import SCHEMA_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import load_protocol, protocol_names
+from kvbench.specs.resolved import Role
 from kvbench.submissions.bundle import (
     ENVIRONMENT,
     FORMAT,
@@ -30,8 +32,7 @@ from kvbench.submissions.bundle import (
     sha256_file,
     write_bundle,
 )
-from kvbench.submissions.contents import StoredRun, load_samples, output_digests, stored_runs
-from kvbench.submissions.pairing import null_of, reference_of
+from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_of, stored_runs
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,18 @@ def select(runs: list[StoredRun], run_ids: Sequence[str], policies: Sequence[str
             raise SpecError(f"--run {wanted!r} matches {len(found)} runs; give a longer prefix of a run id")
         chosen[found[0].run_id] = found[0]
     for name in policies:
-        found = [r for r in runs if r.role == "policy" and r.spec["policy"]["name"] == name]
+        found = [r for r in runs if r.role is Role.POLICY and r.spec.policy.name == name]
         if not found:
-            known = sorted({r.spec["policy"]["name"] for r in runs if r.role == "policy"})
+            known = sorted({r.spec.policy.name for r in runs if r.role is Role.POLICY})
             raise SpecError(f"--policy {name!r} has no runs here; policies with runs: {', '.join(known)}")
         chosen |= {r.run_id: r for r in found}
     if not run_ids and not policies:
         chosen = {r.run_id: r for r in runs}
-    for run in [r for r in chosen.values() if r.role == "policy"]:
-        for arm, partner in (("null", null_of(run, runs)), ("full cache", reference_of(run, runs))):
+    for run in [r for r in chosen.values() if r.role is Role.POLICY]:
+        for arm, partner in (
+            ("null", null_of(run.spec, runs, spec_of)),
+            ("full cache", reference_of(run.spec, runs, spec_of)),
+        ):
             if partner is None:
                 raise PrerequisiteError(
                     f"run {run.run_id} ({run.manifest.get('label')}) has no {arm} run beside it: run "
@@ -78,7 +82,7 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
     sources: dict[str, Path] = {}
     by_hash = {sha256_file(path): path for path in given}
     for run in runs:
-        name = run.spec["policy"]["name"]
+        name = run.spec.policy.name
         if name in builtins or name in sources:
             continue
         recorded = (run.manifest.get("policy_doc") or {}).get("source_sha256")
@@ -114,7 +118,7 @@ def _environment(runs: list[StoredRun]) -> dict[str, Any]:
     return {
         "hardware": distinct("hardware"),
         "packages": distinct("packages"),
-        "runtimes": sorted({json.dumps(r.spec.get("runtime"), sort_keys=True) for r in runs}),
+        "runtimes": sorted({json.dumps(r.manifest["spec"].get("runtime"), sort_keys=True) for r in runs}),
         "exported_with": {
             "kvbench": kvbench.__version__,
             "distributions": sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()),
@@ -135,10 +139,10 @@ def _suite_text(run: StoredRun, fallback: str | None) -> tuple[str, str]:
     return yaml.safe_load(path.read_text())["name"], path.read_text(encoding="utf-8")
 
 
-def _protocol_text(spec: dict[str, Any]) -> str:
-    name = spec["name"]
+def _protocol_text(run: StoredRun) -> str:
+    name = run.spec.protocol.name
     description = load_protocol(name).description if name in protocol_names() else "as resolved in the runs"
-    return yaml.safe_dump({**spec, "description": description}, sort_keys=False)
+    return yaml.safe_dump({**run.manifest["spec"]["protocol"], "description": description}, sort_keys=False)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -200,10 +204,10 @@ def export(
             members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
             suite_name, suite_yaml = _suite_text(run, suite)
             suite_member = _member(staging, members, "suites", suite_name, ".yaml", suite_yaml)
-            protocol_name = run.spec["protocol"]["name"]
-            protocol_text = _protocol_text(run.spec["protocol"])
+            protocol_name = run.spec.protocol.name
+            protocol_text = _protocol_text(run)
             protocol_member = _member(staging, members, "protocols", protocol_name, ".yaml", protocol_text)
-            policy = run.spec["policy"]["name"]
+            policy = run.spec.policy.name
             scorer_member = f"scorers/{policy}.py" if policy in sources else None
             if scorer_member:
                 _check_name("policy", policy)

@@ -35,14 +35,15 @@ import yaml
 
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
+from kvbench.results.pairing import null_of, reference_of
 from kvbench.results.records import SCHEMA_VERSION, RunRecord
-from kvbench.runner.plan import RUNNER_VERSION, spec_identity
+from kvbench.runner.plan import RUNNER_VERSION
 from kvbench.runner.store import problem_key
 from kvbench.specs.loading import SPEC_ROOT
-from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
+from kvbench.specs.resolved import ResolvedSpec, Role, digest
 from kvbench.specs.suite import SuiteSpec, suite_names
-from kvbench.specs.task import TaskSpec, load_task, task_names
+from kvbench.specs.task import load_task, task_names
 from kvbench.submissions.bundle import (
     FORMAT,
     FORMAT_VERSION,
@@ -52,8 +53,7 @@ from kvbench.submissions.bundle import (
     Failure,
     sha256_file,
 )
-from kvbench.submissions.contents import StoredRun, load_samples, output_digests, stored_runs
-from kvbench.submissions.pairing import null_of, reference_of
+from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_of, stored_runs
 
 
 @dataclass
@@ -142,12 +142,12 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
 
 
 def _judge_run(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked, where: str) -> bool:
-    spec = run.spec
-    if spec_identity(spec) != run.run_id or run.manifest.get("run_id") != run.run_id:
+    hashed = digest(run.manifest["spec"])
+    if hashed != run.run_id or run.manifest.get("run_id") != run.run_id:
         checked.fail(
             f"{where}/manifest.json",
             "identity",
-            f"the resolved spec hashes to {spec_identity(spec)}, not to its run id {run.run_id}",
+            f"the resolved spec hashes to {hashed}, not to its run id {run.run_id}",
         )
     problem = _spec_problem(run, cell)
     if problem:
@@ -162,14 +162,14 @@ def _judge_run(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
     _counts(where, run, rows, checked)
     if len(rows) != cell["samples"]:
         checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
-    digest = output_digests(checked.samples, [run.run_id])[run.run_id]
-    if digest != cell["output_digest"]:
+    outputs = output_digests(checked.samples, [run.run_id])[run.run_id]
+    if outputs != cell["output_digest"]:
         checked.fail(
             where,
             "output-digest",
-            f"its samples digest to {digest}, the bundle lists {cell['output_digest']}",
+            f"its samples digest to {outputs}, the bundle lists {cell['output_digest']}",
         )
-    _private(where, spec, rows, checked)
+    _private(where, run.spec, rows, checked)
     _suite(folder, run, cell, checked)
     _protocol(folder, run, cell, checked)
     _scorer(folder, run, cell, checked)
@@ -184,67 +184,42 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-class _Policy(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
-    name: str
-    params: dict[str, Any]
-
-
-class _Runtime(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="allow", strict=True)  # an adapter may add its identity
-    adapter: str
-    device: str
-    dtype: str
-    attention: str
-
-
-class _Resolved(pydantic.BaseModel):
-    """The top-level fields of a resolved spec, strictly typed (the parts are checked below)."""
-
-    model_config = pydantic.ConfigDict(extra="allow", strict=True)
-    runner_version: int
-    runtime: _Runtime
-    policy: _Policy
-    budget: int | None
-    n_avg: float | int | None
-    ratio: float | int | None
-    samples: int = pydantic.Field(ge=1)
-    limit: int | None = pydantic.Field(ge=1)
-
-
 def _spec_problem(run: StoredRun, cell: dict[str, Any]) -> str | None:
-    """What makes a run's spec or role one this kvbench cannot judge, or None. Each part must be in the
-    canonical form this kvbench resolves (so no field the rules read can be missing or mistyped), and
-    the role must fit the policy: the null is the protocol's baseline, the full cache its reference."""
-    spec = run.spec
+    """What makes a run's spec or role one this kvbench cannot judge, or None. The spec must parse as a
+    resolved spec and be in the canonical form this kvbench writes (so no field the rules read can be
+    missing or mistyped), and the role must fit the policy: the null is the protocol's baseline, the full
+    cache its reference."""
+    record = run.manifest["spec"]
     try:
-        resolved = _Resolved.model_validate(spec)
-        parts = {
-            "model": ModelSpec.model_validate(spec["model"]).model_dump(mode="json"),
-            "task": TaskSpec.model_validate(spec["task"]).model_dump(mode="json"),
-            "protocol": ProtocolSpec.model_validate({**spec["protocol"], "description": ""}).identity(),
-        }
+        spec = run.spec
         RunRecord.from_manifest(run.manifest)
-    except (KeyError, TypeError, pydantic.ValidationError) as exc:
+    except (KeyError, TypeError, ValueError, pydantic.ValidationError) as exc:
         return _first_line(exc)
-    for name, canonical in parts.items():
-        if spec[name] != canonical:
+    if digest(spec.record()) != digest(record):
+        return "it is not in the form this kvbench resolves (fields retyped)"
+    canonical = {
+        "model": spec.model.model_dump(mode="json"),
+        "task": spec.task.model_dump(mode="json"),
+        "protocol": spec.protocol.identity(),
+    }
+    for name, form in canonical.items():
+        if record[name] != form:
             return f"its {name} is not in the form this kvbench resolves (fields missing or added)"
-    if resolved.runner_version != RUNNER_VERSION:
-        return f"scored by runner version {resolved.runner_version}, this kvbench's is {RUNNER_VERSION}"
-    protocol, policy = spec["protocol"], resolved.policy.name
-    role = run.manifest.get("role")
-    arm = {"null": protocol["baseline"], "reference": protocol["reference"]}
+    if spec.runtime is None or spec.runtime.dtype is None:
+        return "it does not record the runtime it ran on"
+    if spec.runner_version != RUNNER_VERSION:
+        return f"scored by runner version {spec.runner_version}, this kvbench's is {RUNNER_VERSION}"
+    role, policy = run.manifest.get("role"), spec.policy.name
+    arm = {Role.NULL: spec.protocol.baseline, Role.REFERENCE: spec.protocol.reference}
     # a policy under test may be any policy (even the baseline's); the null and the full cache may not
-    if role != cell["role"] or (role in arm and policy != arm[role]):
+    if role != cell["role"] or (role in arm and policy != arm[Role(role)]):
         return f"role {role!r} (bundle: {cell['role']!r}) for policy {policy!r}"
-    if role == "reference" and (resolved.budget, resolved.ratio) != (None, None):
-        return "a full-cache run with a budget"
-    task = spec["task"]["name"]
-    if task in task_names() and load_task(task).visibility != spec["task"]["visibility"]:
-        return (
-            f"task {task!r} is {load_task(task).visibility} in this kvbench, not {spec['task']['visibility']}"
-        )
+    budget = spec.budget if spec.task.scored_from_first_eviction else None
+    if role == Role.REFERENCE and (spec.budget, spec.ratio) != (budget, None):
+        return "a full-cache run with a budget its scores do not depend on"
+    task = spec.task.name
+    if task in task_names() and load_task(task).visibility != spec.task.visibility:
+        return f"task {task!r} is {load_task(task).visibility} in this kvbench, not {spec.task.visibility}"
     return None
 
 
@@ -255,8 +230,8 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
     misnamed = 0
     for problem, hashed, sample, seed, task, *_ in rows:
         by_problem.setdefault(problem, []).append(sample)
-        misnamed += hashed != problem_key(problem) or task != spec["task"]["name"]
-        seeds_wrong += seed != sample_seed(spec["protocol"]["seed"], task, problem, sample)
+        misnamed += hashed != problem_key(problem) or task != spec.task.name
+        seeds_wrong += seed != sample_seed(spec.protocol.seed, task, problem, sample)
     if misnamed:
         checked.fail(where, "sample-counts", f"{misnamed} sample(s) carry another problem's hash or task")
     shards = {p.stem for p in run.shards}
@@ -265,22 +240,20 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
             where, "sample-counts", "its shards are not one per problem, named by the problem's hash"
         )
     for problem, samples in by_problem.items():
-        if sorted(samples) != list(range(spec["samples"])):
+        if sorted(samples) != list(range(spec.samples)):
             checked.fail(
                 where,
                 "sample-counts",
-                f"problem {problem!r} has samples {sorted(samples)}, the spec asks for {spec['samples']}",
+                f"problem {problem!r} has samples {sorted(samples)}, the spec asks for {spec.samples}",
             )
-    if not by_problem or (spec["limit"] is not None and len(by_problem) > spec["limit"]):
-        checked.fail(
-            where, "sample-counts", f"{len(by_problem)} problems, the spec's limit is {spec['limit']}"
-        )
+    if not by_problem or (spec.limit is not None and len(by_problem) > spec.limit):
+        checked.fail(where, "sample-counts", f"{len(by_problem)} problems, the spec's limit is {spec.limit}")
     if seeds_wrong:
         checked.fail(
             where,
             "seeds",
             f"{seeds_wrong} sample(s) carry a seed other than the protocol's "
-            f"(seed {spec['protocol']['seed']}, task, problem, sample)",
+            f"(seed {spec.protocol.seed}, task, problem, sample)",
         )
 
 
@@ -289,8 +262,8 @@ PRIVATE_TEXT_LIMIT = 100
 """The longest grader category or version string a private task's sample may carry."""
 
 
-def _private(where: str, spec: dict[str, Any], rows: list[tuple], checked: Checked) -> None:
-    if spec["task"]["visibility"] == "public":
+def _private(where: str, spec: ResolvedSpec, rows: list[tuple], checked: Checked) -> None:
+    if spec.task.visibility == "public":
         return
     texts = 0
     for *_, output, secondary, finish, reason, version in rows:
@@ -308,7 +281,7 @@ def _private(where: str, spec: dict[str, Any], rows: list[tuple], checked: Check
         checked.fail(
             where,
             "private-text",
-            f"task {spec['task']['name']} is private, yet {texts} sample(s) "
+            f"task {spec.task.name} is private, yet {texts} sample(s) "
             "carry output text, grader detail or long strings",
         )
 
@@ -361,8 +334,8 @@ def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked)
 
 
 def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    resolved = run.spec["protocol"]
-    name = resolved["name"]
+    resolved = run.manifest["spec"]["protocol"]
+    name = run.spec.protocol.name
     path = _shipped(folder, cell, "protocol", f"protocols/{name}.yaml", checked)
     if path is None:
         return
@@ -379,7 +352,7 @@ def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Check
 
 
 def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    name = run.spec["policy"]["name"]
+    name = run.spec.policy.name
     if name in builtin_policies():
         if cell["scorer"] is not None:
             checked.fail(f"runs/{run.run_id}", "scorer", f"ships a scorer for the built-in policy {name!r}")
@@ -403,11 +376,11 @@ def _baselines(checked: Checked) -> None:
         for run in checked.runs
     }
     for run in checked.runs:
-        if run.role != "policy":
+        if run.role is not Role.POLICY:
             continue
         for arm, partner in (
-            ("null", null_of(run, checked.runs)),
-            ("full cache", reference_of(run, checked.runs)),
+            ("null", null_of(run.spec, checked.runs, spec_of)),
+            ("full cache", reference_of(run.spec, checked.runs, spec_of)),
         ):
             if partner is None:
                 checked.fail(

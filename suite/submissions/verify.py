@@ -26,22 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import yaml
 
 from kvbench.errors import KvbenchError
 from kvbench.provenance import describe_machine
 from kvbench.registry import builtin_policies, find_policy, make_policy
 from kvbench.results.check import outputs_digest
+from kvbench.results.pairing import cell_family
 from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
 from kvbench.runner.execute import run_cells
-from kvbench.runner.plan import Cell, Runtime, make_cell, spec_identity
-from kvbench.specs.model import ModelSpec
-from kvbench.specs.protocol import ProtocolSpec
-from kvbench.specs.task import TaskSpec
+from kvbench.runner.plan import Cell, Runtime, make_cell
+from kvbench.specs.resolved import digest
 from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs
-from kvbench.submissions.pairing import reference_of, shared
 from kvbench.submissions.rules import Checked
 
 
@@ -68,7 +65,7 @@ def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[s
     families: dict[str, list[str]] = {}
     held: dict[str, set[str]] = {}
     for run in checked.runs:
-        family = spec_identity(shared(run.spec))
+        family = cell_family(run.spec)
         families.setdefault(family, []).append(run.run_id)
         ids = {
             r[0]
@@ -85,30 +82,11 @@ def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[s
     return chosen
 
 
-def reference_budget(run: StoredRun, runs: list[StoredRun]) -> int:
-    """The K a full-cache run ran beside. Its identity carries none (it never evicts), but the fidelity
-    probe scores the full arm's predictions from the first event of that K on, so its stored token
-    counts follow it: the K of the first arm planned beside it, the suite's first ratio in a sweep."""
-    beside = {
-        r.spec["ratio"]: r.spec["budget"]
-        for r in runs
-        if r.role != "reference" and reference_of(r, runs) is run
-    }
-    recorded = run.manifest.get("suite")
-    suite = yaml.safe_load(recorded.get("yaml") or "{}") if isinstance(recorded, dict) else None
-    for ratio in (suite.get("ratios") if isinstance(suite, dict) else None) or []:
-        if ratio in beside:
-            return beside[ratio]
-    return max(beside.values(), default=run.spec["protocol"]["buffer"] + 1)
-
-
-def rebuild(
-    run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, Path], reference_budget: int = 0
-) -> Cell:
+def rebuild(run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, Path]) -> Cell:
     """The cell a run's resolved spec describes, built by this kvbench; its identity must be the run's
     (up to the runtime asked for and where the task's data lies here)."""
     spec, doc = run.spec, run.manifest.get("policy_doc") or {}
-    name, params = spec["policy"]["name"], spec["policy"]["params"]
+    name, params = spec.policy.name, spec.policy.params
     if name in builtin_policies():
         policy = make_policy(name, **params)
     else:
@@ -117,36 +95,39 @@ def rebuild(
             raise KvbenchError(f"policy {name!r} is not built in and the bundle ships no runnable scorer")
         policy = find_policy(str(scorer), doc["class"]).cls(**params)
     local = None
-    if spec.get("data") is not None:
-        task = spec["task"]["name"]
-        if task not in data:
+    if spec.data is not None:
+        if spec.task.name not in data:
             raise KvbenchError(
-                f"task {task!r} ran on a local copy of its data: give it with --data {task}=PATH"
+                f"task {spec.task.name!r} ran on a local copy of its data: give it with --data "
+                f"{spec.task.name}=PATH"
             )
-        local = str(data[task])
+        local = str(data[spec.task.name])
+    measurement = spec.n_avg_measurement
     cell = make_cell(
-        ModelSpec.model_validate(spec["model"]),
-        TaskSpec.model_validate(spec["task"]),
+        spec.model,
+        spec.task,
         policy,
-        ProtocolSpec.model_validate({**spec["protocol"], "description": ""}),
-        budget=spec["budget"] if spec["budget"] is not None else reference_budget,
-        n_avg=spec["n_avg"],
-        ratio=spec["ratio"],
-        samples=spec["samples"],
-        limit=spec["limit"],
-        role=run.role,  # type: ignore[arg-type]  # a role the rules checked
+        spec.protocol,
+        # a full cache whose scores do not depend on K records none; it never evicts at any K
+        budget=spec.budget if spec.budget is not None else spec.protocol.buffer + 1,
+        n_avg=spec.n_avg if spec.n_avg is not None else float("nan"),
+        ratio=spec.ratio,
+        samples=spec.samples,
+        limit=spec.limit,
+        role=spec.role,
         data=local,
         runtime=runtime,
-        measurement=spec.get("n_avg_measurement"),
+        measurement=measurement.model_dump() if measurement is not None else None,
     )
-    expected = {**spec, "runtime": cell.resolved["runtime"]}
-    if local is not None:
-        if cell.resolved["data"]["sha256"] != spec["data"]["sha256"]:
-            raise KvbenchError(f"--data for {spec['task']['name']}: its content is not the data the run used")
-        expected["data"] = cell.resolved["data"]
-    if spec_identity(cell.resolved) != spec_identity(expected):
+    if local is not None and (
+        cell.spec.data is None or spec.data is None or cell.spec.data.sha256 != spec.data.sha256
+    ):
+        raise KvbenchError(f"--data for {spec.task.name}: its content is not the data the run used")
+    expected = spec.model_copy(update={"runtime": cell.spec.runtime, "data": cell.spec.data}).record()
+    rebuilt = cell.spec.record()
+    if digest(rebuilt) != digest(expected):
         differs = sorted(
-            k for k in expected if spec_identity(expected[k]) != spec_identity(cell.resolved.get(k))
+            k for k in {*expected, *rebuilt} if digest(expected.get(k)) != digest(rebuilt.get(k))
         )
         raise KvbenchError(
             f"this kvbench rebuilds another spec from this run (differs in: {', '.join(differs)})"
@@ -211,9 +192,9 @@ def verify(
     outcomes: list[Outcome] = []
     groups: dict[tuple[str, str], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
-        asked = run.spec["runtime"]
+        asked = run.spec.ran_on
         label = run.manifest.get("label") or run.run_id
-        machine = describe_machine(device or asked["device"])
+        machine = describe_machine(device or asked.device)
         if not chosen[run.run_id]:
             outcomes.append(
                 Outcome(run.run_id, label, "not verified", "", 0, "no problem to re-run", machine)
@@ -221,16 +202,14 @@ def verify(
             continue
         try:
             runtime = Runtime(
-                adapter=asked["adapter"],
-                device=device or asked["device"],
-                attention=attention or asked["attention"],
+                adapter=asked.adapter, device=device or asked.device, attention=attention or asked.attention
             )
-            cell = rebuild(run, folder, runtime, data or {}, reference_budget(run, checked.runs))
+            cell = rebuild(run, folder, runtime, data or {})
         except Exception as exc:  # a spec or scorer this machine cannot rebuild: say why, per run
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
-        exact = cell.resolved["runtime"] == asked
+        exact = cell.spec.ran_on == asked
         groups.setdefault((cell.model.name, runtime.device), []).append((run, cell, exact))
     with tempfile.TemporaryDirectory(dir=scratch) as out_name:
         out = Path(out_name)

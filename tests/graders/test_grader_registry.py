@@ -81,8 +81,11 @@ def test_thinking_comes_from_the_model_yaml_and_only_set_fields_join_the_identit
     request = dict(tasks=("gsm8k",), policies=("snapkv",), baselines=False, data=str(GSM8K))
     (plain,) = plan(RunRequest(models=("tiny-qwen3",), **request))
     (thinks,) = plan(RunRequest(models=(str(thinking),), **request))
-    assert plain.resolved["model"]["name"] == "tiny-qwen3" and "thinking" not in plain.resolved["model"]
-    assert thinks.resolved["model"]["thinking"] is True
+    assert (
+        plain.spec.record()["model"]["name"] == "tiny-qwen3"
+        and "thinking" not in plain.spec.record()["model"]
+    )
+    assert thinks.spec.record()["model"]["thinking"] is True
 
 
 @pytest.mark.slow

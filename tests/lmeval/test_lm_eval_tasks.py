@@ -111,7 +111,7 @@ def test_lm_eval_fills_length_and_samples_and_its_version_is_identity(
     samples_task = lm_eval_dir / "tasks" / "kvb-echo-samples.yaml"
     cell = _plan(samples_task)[0]
     assert (cell.task.max_new_tokens, cell.samples) == (96, 3)  # lm-eval's max_gen_toks and repeats
-    assert cell.resolved["lm_eval"]["generation_kwargs"]["temperature"] == 1.0
+    assert cell.spec.record()["lm_eval"]["generation_kwargs"]["temperature"] == 1.0
     assert _plan(samples_task, max_new_tokens=40)[0].task.max_new_tokens == 40
 
     # the same kvbench YAML over an lm-eval task whose version moved: every run id moves
@@ -124,7 +124,7 @@ def test_lm_eval_fills_length_and_samples_and_its_version_is_identity(
     echo.write_text(echo.read_text().replace("version: 2.0", "version: 3.0"))
     before = _plan(lm_eval_dir / "tasks" / "kvb-echo.yaml")
     after = _plan(copy / "tasks" / "kvb-echo.yaml")
-    assert after[0].resolved["lm_eval"]["task_version"] == "3.0"
+    assert after[0].spec.record()["lm_eval"]["task_version"] == "3.0"
     assert {c.run_id for c in before}.isdisjoint(c.run_id for c in after)
 
 

@@ -44,13 +44,13 @@ def test_device_kind_dtype_and_attention_are_part_of_the_identity() -> None:
     assert identity(device="cuda") != base
     assert identity(device="cuda:1") == identity(device="cuda")  # the kind, not the index
     cells = plan(RunRequest(models=("tiny-qwen3",), tasks=("passkey",), dtype="bfloat16", attention="eager"))
-    assert cells[0].resolved["runtime"] == {
+    assert cells[0].spec.record()["runtime"] == {
         "adapter": "hf",
         "device": "cpu",
         "dtype": "bfloat16",
         "attention": "eager",
     }
-    assert cells[0].resolved["model"]["dtype"] == "bfloat16"
+    assert cells[0].spec.record()["model"]["dtype"] == "bfloat16"
     with pytest.raises(SpecError, match="--device 'gpu' is not a device torch knows"):
         identity(device="gpu")
 

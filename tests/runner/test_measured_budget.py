@@ -52,8 +52,8 @@ def test_settling_sets_k_from_the_measurement_and_records_it() -> None:
     settled = settle(policy, measured)
     assert settled.pending is None and settled.budget == 256  # 1000 / 4 = 250 -> the nearest multiple of 64
     assert settle(policy, Measurement(1500.0, full.run_id, 3, 6, 2048.0)).budget == 384  # 375 -> 384
-    assert settled.n_avg == 1000.0 and settled.resolved["budget"] == 256
-    assert settled.resolved["n_avg_measurement"] == {
+    assert settled.n_avg == 1000.0 and settled.spec.record()["budget"] == 256
+    assert settled.spec.record()["n_avg_measurement"] == {
         "measured": 1000.0,
         "declared": 2048.0,
         "reference_run": full.run_id,
