@@ -23,6 +23,7 @@ from kvbench.leaderboard.display import MISSING
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP, public_mode, scrub_frame
 from kvbench.results.stats import DRAWS
 from kvbench.results.summary import QUANTITIES
+from kvbench.specs.resolved import Role
 
 DATABASE_ENV = "KVBENCH_LEADERBOARD_DB"
 DEFAULT_DATABASE = Path("runs") / "kvbench.snapshot.duckdb"
@@ -227,7 +228,7 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
     if table.frame.empty:
         st.info("No runs match these filters.")
         return
-    if not (table.frame["role"] == "policy").any():
+    if not (table.frame["role"] == Role.POLICY).any():
         st.info("No policy matches these filters; only the baselines are shown.")
     number = st.column_config.NumberColumn
     columns = list(table.frame.columns)
@@ -297,8 +298,8 @@ def _head_to_head_view(query, table: queries.Table, chosen: Selection) -> None:
     labels = {h2h.arm_label(arm, table.arms): arm for arm in table.arms}
     names = list(labels)
     roles = [arm.role for arm in labels.values()]
-    first_policy = names[roles.index("policy")] if "policy" in roles else names[0]
-    baseline = next((n for n, r in zip(names, roles, strict=True) if r == "null"), None)
+    first_policy = names[roles.index(Role.POLICY)] if Role.POLICY in roles else names[0]
+    baseline = next((n for n, r in zip(names, roles, strict=True) if r == Role.NULL), None)
     _choose("pair_a", names, first_policy)
     _choose("pair_b", names, baseline or next(n for n in names if n != first_policy))
     left, right = st.columns(2)
@@ -378,7 +379,7 @@ def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> N
 def _policy_view(query, table: queries.Table, public: bool) -> None:
     # the policies under test first, then the null and the full cache
     ordered = table.frame.sort_values(
-        "role", key=lambda r: r.map({"policy": 0, "null": 1, "reference": 2}), kind="stable"
+        "role", key=lambda r: r.map({Role.POLICY: 0, Role.NULL: 1, Role.REFERENCE: 2}), kind="stable"
     )
     names = list(dict.fromkeys(ordered["policy"])) if not table.frame.empty else []
     if not names:

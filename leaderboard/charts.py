@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvbench.specs.resolved import Role
+
 NULL_BAND = "Random Attention (null) 95% CI"
 
 
@@ -12,7 +14,7 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
     """One line per policy over the compression ratio, the null as a shaded band, full cache as a line."""
     figure = go.Figure()
     swept = curves[curves["ratio"].notna()].sort_values("ratio")
-    null = swept[swept["role"] == "null"]
+    null = swept[swept["role"] == Role.NULL]
     if not null.empty:
         figure.add_trace(
             go.Scatter(
@@ -41,7 +43,7 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
                 },
             )
         )
-    full = curves[curves["role"] == "reference"]
+    full = curves[curves["role"] == Role.REFERENCE]
     if not full.empty:
         span = [swept["ratio"].min(), swept["ratio"].max()] if not swept.empty else [2, 16]
         score = float(full["score"].iloc[0])

@@ -29,9 +29,10 @@ from kvbench.leaderboard.queries import (
 from kvbench.results.comparison import StoredRun
 from kvbench.results.stats import PairedComparison, compare_arms, holm, pool
 from kvbench.results.summary import most_complete, summarize
+from kvbench.specs.resolved import Role
 
 WIN, TIE, LOSS = "A higher", "tie", "B higher"
-ROLE_SUFFIX = {"null": " (null)", "reference": " (full cache)"}
+ROLE_SUFFIX: dict[str, str] = {Role.NULL: " (null)", Role.REFERENCE: " (full cache)"}
 
 
 def arm_label(arm: ArmKey, arms: Sequence[ArmKey]) -> str:

@@ -24,6 +24,7 @@ from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
 from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, most_complete, summarize
+from kvbench.specs.resolved import Role
 
 EXACT, CONTINUOUS = "exact match", "continuous"
 """Task kinds: a verdict per sample (pass@1, a probe's exact match) or a continuous metric (fidelity's
@@ -165,7 +166,7 @@ class Table:
 
 
 def _in_table(run: StoredRun, compression: Compression) -> bool:
-    if run.role == "reference":
+    if run.role == Role.REFERENCE:
         return True
     if compression.ratio is not None:
         return run.ratio == compression.ratio
@@ -203,9 +204,9 @@ def leaderboard(
         summaries = summarize(con, [r.run_id for r in runs], quantity)
         tasks = sorted({r.task for r in runs})
         common = common_tasks(runs)
-        null = next((r.policy for r in runs if r.role == "null"), "random")
+        null = next((r.policy for r in runs if r.role == Role.NULL), "random")
         arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null)
-        shown = [a for a in arms if a.role != "policy" or name.lower() in a.policy.lower()]
+        shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
         metrics = _metrics(con, run_ids)
@@ -244,7 +245,7 @@ def table_runs(
         for r in stored_runs(con, model=model, protocol=protocol)
         if r.runtime == runtime and r.seed == seed and _in_table(r, compression)
     ]
-    tasks = {r.task for r in runs if r.role != "reference"}
+    tasks = {r.task for r in runs if r.role != Role.REFERENCE}
     # the full cache serves every budget: only its runs on this table's tasks count here
     return [r for r in runs if r.task in tasks]
 
@@ -319,8 +320,8 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
         record[task] = _interval(arm.per_task[task]) if task in arm.per_task else MISSING
     record["average"] = arm.score.value
     record["average ± CI"] = _interval(arm.score)
-    record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == "null" else math.nan)
-    roles = {"null": "null", "reference": "reference", "policy": "no matching null"}
+    record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == Role.NULL else math.nan)
+    roles: dict[str, str] = {Role.NULL: "null", Role.REFERENCE: "reference", Role.POLICY: "no matching null"}
     record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, MISSING)
     record["p (Holm)"] = test.p_adjusted if test else math.nan
     record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from kvbench.commands.common import console
+from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
     from kvbench.results.report import ReportRow
@@ -234,9 +235,9 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
     for column in columns:
         table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
     for r in group:
-        name = {"null": f"{r.policy} (null)", "reference": f"{r.policy} (reference)"}.get(r.role, r.policy)
-        budget = "—" if r.role == "reference" else str(r.budget)
-        ratio = "—" if r.role == "reference" else f"{r.k_over_n_avg:.2f}"
+        name = r.policy + (f" ({r.role})" if r.role != Role.POLICY else "")
+        budget = "—" if r.role == Role.REFERENCE else str(r.budget)
+        ratio = "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}"
         test = r.null_test
         wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
         verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"

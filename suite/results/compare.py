@@ -20,6 +20,7 @@ import duckdb
 from kvbench.errors import SpecError
 from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
 from kvbench.results.summary import CellSummary, summarize
+from kvbench.specs.resolved import Role
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def compare(database: Path, filters: Filters) -> list[dict]:
 def _tables(runs: list[StoredRun], key) -> dict[tuple, list[StoredRun]]:
     """The non-reference runs grouped by ``key`` (tables ordered by context, budget and policy; each
     table's runs kept in creation order, which decides which of two equal runs stands for an arm)."""
-    members = [r for r in runs if r.role != "reference"]
+    members = [r for r in runs if r.role != Role.REFERENCE]
     ordered = sorted(members, key=lambda r: (r.context, r.budget or 0, r.policy, r.params))
     return {table: [r for r in members if key(r) == table] for table in dict.fromkeys(map(key, ordered))}
 
@@ -110,7 +111,7 @@ def _per_task(runs: list[StoredRun], summaries: dict[str, CellSummary], filters:
     for (context, budget), members in _tables(runs, key=lambda r: (r.context, r.budget)).items():
         if filters.budget is not None and budget != filters.budget:
             continue
-        references = [r for r in runs if r.role == "reference" and r.context == context]
+        references = [r for r in runs if r.role == Role.REFERENCE and r.context == context]
         arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=filters.against)
         rows += [
             _row(context, budget, members[0].ratio, arm, pooled=False)
@@ -138,9 +139,9 @@ def _pooled(
     ).items():
         if filters.budget is not None and budget != filters.budget:
             continue
-        references = [r for r in members if r.role == "reference" and shared(r) == context]
+        references = [r for r in members if r.role == Role.REFERENCE and shared(r) == context]
         arms = compare_table(group + references, summaries, tasks=tasks, baseline=filters.against)
-        if not any(a.policy == filters.against and a.role != "reference" for a in arms):
+        if not any(a.policy == filters.against and a.role != Role.REFERENCE for a in arms):
             continue
         model, protocol, runtime, seed = context
         key = (model, name, protocol, runtime, seed)
@@ -150,7 +151,7 @@ def _pooled(
 
 def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
     """The arms a comparison lists (neither the baseline nor the full cache), by policy and parameters."""
-    shown = [a for a in arms if a.role != "reference" and a.policy != against]
+    shown = [a for a in arms if a.role != Role.REFERENCE and a.policy != against]
     return sorted(shown, key=lambda a: (a.policy, a.params))
 
 

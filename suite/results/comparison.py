@@ -109,7 +109,7 @@ def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
 def k_over_n_avg(runs: Sequence[StoredRun]) -> float:
     """The budget as a share of the tasks' reference length: the mean of K / N_avg over the runs that have
     both (a ratio protocol's K is N_avg / ratio rounded to its buffer, so this is what was used)."""
-    shares = [r.budget / r.n_avg for r in runs if r.budget and r.n_avg and r.role != "reference"]
+    shares = [r.budget / r.n_avg for r in runs if r.budget and r.n_avg and r.role != Role.REFERENCE]
     return sum(shares) / len(shares) if shares else math.nan
 
 
@@ -148,7 +148,7 @@ class ArmResult:
         """The Holm verdict, NO_BASELINE for an arm under test that could not be paired, None otherwise."""
         if self.test is not None:
             return self.test.verdict
-        return NO_BASELINE if self.role == "policy" else None
+        return NO_BASELINE if self.role == Role.POLICY else None
 
 
 def _rate(parts: Sequence[CellSummary], field: str) -> float:
