@@ -35,7 +35,7 @@ from kvbench.results.check import outputs_digest
 from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
-from kvbench.runner.execute import run_cells
+from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell, spec_identity
 from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec
