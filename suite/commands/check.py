@@ -49,8 +49,8 @@ def check_command(args: argparse.Namespace) -> int:
         reference_path,
         write_reference,
     )
-    from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
+    from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.specs.suite import load_suite
 

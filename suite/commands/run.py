@@ -15,6 +15,7 @@ from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
     from kvbench.results.report import ReportRow
+    from kvbench.runner.executor import Executor
     from kvbench.runner.plan import Cell, RunRequest
 
 
@@ -142,14 +143,15 @@ def _estimate(e, signed: bool = False) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     from kvbench.results.report import as_dicts, build_report
-    from kvbench.runner.execute import run_cells
     from kvbench.runner.ingest import ingest
+    from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import plan
 
     started = time.perf_counter()
     cells = plan(run_request(args))
+    executor: Executor | None = None  # this process
     if args.executor == "ray":
-        from kvbench.runner.ray_executor import RayOptions, run_cells_ray
+        from kvbench.runner.ray_executor import RayExecutor, RayOptions
 
         options = RayOptions(
             address=args.address,
@@ -158,9 +160,8 @@ def run_command(args: argparse.Namespace) -> int:
             gpus_per_worker=args.ray_gpus_per_worker,
             results=args.ray_results,
         )
-        completed = run_cells_ray(cells, args.out, options, progress=not args.quiet)
-    else:
-        completed = run_cells(cells, args.out, progress=not args.quiet)
+        executor = RayExecutor(args.out, options)
+    completed = run_cells(cells, args.out, executor, progress=not args.quiet)
     cells, timings = completed.cells, completed.timings
     ingest_started = time.perf_counter()
     report = ingest(args.out)

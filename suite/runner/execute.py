@@ -1,55 +1,24 @@
-"""Running cells: load each model once, check every cell before the first token, skip stored problems."""
+"""Running units in this process: a model loaded once (a `Replica`, as in each Ray actor), each cell
+checked before its first token. The orchestrator (kvbench.runner.orchestrate) decides what runs."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from typing import Any
 
 from kvbench.adapters.base import Backend, ended, find_adapter
-from kvbench.core.calibration import QueryStats
 from kvbench.core.seeding import sample_seed
 from kvbench.errors import BudgetError
 from kvbench.graders.registry import Grader, make_grader
 from kvbench.probes.problems import ProbeProblem
 from kvbench.provenance import provenance
-from kvbench.registry import policy_documentation
 from kvbench.results.records import SampleRecord
-from kvbench.runner.budgets import check_measurable, settle_all
+from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
-from kvbench.runner.store import ShardStore
-
-
-@dataclass
-class Timings:
-    """Where the wall time of a run went (seconds)."""
-
-    model_load: float = 0.0
-    calibration: float = 0.0
-    units: float = 0.0
-    """Scoring problems: prefill, teacher-forced forwards and evictions."""
-    eviction: float = 0.0
-    """The part of ``units`` spent in eviction events."""
-    ingest: float = 0.0
-    computed: int = 0
-    reused: int = 0
-    by_cell: dict[str, float] = field(default_factory=dict)
-
-
-def calibration_for(cell: Cell, backend: Backend, cache: dict, timings: Timings) -> QueryStats | None:
-    if "calibration" not in cell.policy.needs:
-        return None
-    key = (cell.model, cell.runtime)
-    if key not in cache:
-        started = time.perf_counter()
-        cache[key] = backend.calibrate()
-        timings.calibration += time.perf_counter() - started
-    return cache[key]
 
 
 def cell_problems(cell: Cell, backend: Backend) -> list:
@@ -71,70 +40,15 @@ def prompt_length(problem, backend: Backend) -> int:
     return len(problem.encoded(backend))
 
 
-def check_cells(cells: Sequence[Cell], backend: Backend, problems: dict[str, list]) -> None:
-    """Refuse, before anything runs, a cell whose budget cannot protect its prompts."""
-    for cell in cells:
-        schedule = cell.schedule()
-        if not cell.policy.evicts:
-            continue
-        longest = max(prompt_length(p, backend) for p in problems[cell.task.name])
-        prefix = schedule.protected_prefix(longest)
-        if prefix.capped:
-            raise BudgetError(
-                f"{cell.label}: the budget K={schedule.budget} with buffer B={schedule.buffer} leaves "
-                f"room to protect {prefix.count} prompt tokens, but task {cell.task.name!r} has prompts of "
-                f"{longest} tokens on {cell.model.name}: use a budget of at least "
-                f"{longest + schedule.buffer + 1} (--budget) or a smaller ratio (--ratio)"
-            )
-
-
-@dataclass(frozen=True)
-class Completed:
-    cells: list[Cell]
-    """The cells as they ran: a budget that followed a measured N_avg is settled (its final identity)."""
-    timings: Timings
-
-
-def run_cells(
-    cells: Sequence[Cell],
-    out: Path,
-    *,
-    progress: bool = True,
-    only: Mapping[str, Collection[str]] | None = None,
-) -> Completed:
-    """Run every cell, one model (the spec the cells were planned with) at a time; skip stored problems.
-
-    Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
-    ``only`` (run id -> problem ids) runs just those problems of a cell: `kvbench verify`'s subset.
-    """
-    check_measurable(cells, out)
-    timings = Timings()
-    calibrations: dict[str, QueryStats] = {}
-    graders = Graders()
-    ran: dict[str, Cell] = {}
-    try:
-        for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
-            model_cells = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
-            extra = provenance(runtime.device)
-            ran |= _run_model(model_cells, out, progress, extra, calibrations, timings, graders, only or {})
-    finally:
-        graders.close()
-    return Completed(cells=[ran[c.run_id] for c in cells], timings=timings)
-
-
-class Graders:
+class Graders(dict[str, Grader]):
     """One grader per name for a whole run (the math grader keeps a worker process), closed at its end."""
 
-    def __init__(self) -> None:
-        self._made: dict[str, Grader] = {}
-
-    def __getitem__(self, name: str) -> Grader:
-        if name not in self._made:
-            self._made[name] = make_grader(name)
-        return self._made[name]
+    def __missing__(self, name: str) -> Grader:
+        self[name] = made = make_grader(name)
+        return made
 
     def close(self) -> None:
-        for grader in self._made.values():
+        for grader in self.values():
             grader.close()
 
 
@@ -156,97 +70,87 @@ def score_unit(cell: Cell, backend: Backend, problem, calibration, graders: Grad
     )
 
 
-def _run_model(
-    model_cells: list[Cell],
-    out: Path,
-    progress: bool,
-    extra: dict,
-    calibrations: dict,
-    timings: Timings,
-    graders: Graders,
-    only: Mapping[str, Collection[str]],
-) -> dict[str, Cell]:
-    """Run one model's cells; returns each planned cell's run id -> the cell as it ran."""
-    spec, runtime = model_cells[0].model, model_cells[0].runtime
-    started = time.perf_counter()
-    adapter = find_adapter(runtime.adapter)
-    backend = adapter.load(spec, device=runtime.device, attention=runtime.attention, progress=progress)
-    timings.model_load += time.perf_counter() - started
-    with ended(backend):
-        problems = {c.task.name: cell_problems(c, backend) for c in model_cells}
-        ready = [c for c in model_cells if c.pending is None]
-        check_cells(ready, backend, problems)
-        total = sum(len(problems[c.task.name]) for c in model_cells)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not progress, transient=True) as bar:
-            running = _ModelRun(
-                backend,
-                out,
-                extra,
-                calibrations,
-                timings,
-                graders,
-                bar,
-                bar.add_task(spec.name, total=total),
-                only,
-            )
-            for cell in ready:  # the full arms among them, whose lengths set the pending budgets
-                running.run(cell, problems[cell.task.name])
-            ids = {name: [p.problem_id for p in found] for name, found in problems.items()}
-            as_ran = settle_all(model_cells, out, ids)
-            settled = [after for before, after in zip(model_cells, as_ran, strict=True) if before.pending]
-            check_cells(settled, backend, problems)
-            for cell in settled:
-                running.run(cell, problems[cell.task.name])
-        return {before.run_id: after for before, after in zip(model_cells, as_ran, strict=True)}
+class Replica:
+    """One model loaded, with what scoring its units needs: its problems by task, graders, calibration."""
 
+    def __init__(self, model: Any, runtime: Any, *, progress: bool = True) -> None:
+        started = time.perf_counter()
+        load = find_adapter(runtime.adapter).load
+        self.backend = load(model, device=runtime.device, attention=runtime.attention, progress=progress)
+        self.load_seconds = time.perf_counter() - started
+        self.key = (model, runtime)
+        self.graders = Graders()
+        self.calibration: Any = None  # the model's query statistics, computed once if a policy needs them
+        self.problems: dict[tuple[str, int | None, str | None], dict[str, Any]] = {}
 
-def manifest_notes(cell: Cell) -> dict:
-    """What a run's manifest records beside its spec and provenance."""
-    return {
-        "role": cell.role,
-        "label": cell.label,
-        "policy_doc": policy_documentation(cell.policy),
-        "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
-        "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
-    }
+    def _problems(self, cell: Cell) -> dict[str, Any]:
+        key = (cell.task.name, cell.limit, cell.data)
+        if key not in self.problems:
+            self.problems[key] = {p.problem_id: p for p in cell_problems(cell, self.backend)}
+        return self.problems[key]
 
-
-@dataclass
-class _ModelRun:
-    """What every cell of one loaded model shares while it runs."""
-
-    backend: Backend
-    out: Path
-    provenance: dict
-    calibrations: dict
-    timings: Timings
-    graders: Graders
-    bar: Progress
-    bar_task: TaskID
-    only: Mapping[str, Collection[str]]
-
-    def run(self, cell: Cell, problems: list) -> None:
-        """Score every problem the cell has not stored; each problem's shard is written whole."""
-        store = ShardStore(self.out, cell.run_id)
-        store.write_manifest(cell.spec.record(), {**self.provenance, **manifest_notes(cell)})
-        timings = self.timings
-        calibration = calibration_for(cell, self.backend, self.calibrations, timings)
-        chosen = self.only.get(cell.run_id)
-        for problem in problems:
-            if chosen is not None and problem.problem_id not in chosen:
-                self.bar.advance(self.bar_task)
+    def prepare(self, cells: Sequence[Cell]) -> dict[str, list[str]]:
+        """Each task's problem ids, after refusing, before anything runs, a cell whose budget cannot protect
+        its prompts (a pending budget is checked once settled)."""
+        problems = {c.task.name: list(self._problems(c).values()) for c in cells}
+        for cell in cells:
+            if cell.pending is not None or not cell.policy.evicts:
                 continue
-            self.bar.update(self.bar_task, description=f"{cell.label} {problem.problem_id}")
-            if store.has(problem.problem_id):
-                timings.reused += 1
-            else:
-                started = time.perf_counter()
-                rows = score_unit(cell, self.backend, problem, calibration, self.graders)
-                store.write(problem.problem_id, rows)
-                spent = time.perf_counter() - started
-                timings.eviction += sum(r.eviction_seconds for r in rows)
-                timings.units += spent
-                timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + spent
-                timings.computed += 1
-            self.bar.advance(self.bar_task)
+            schedule = cell.schedule()
+            longest = max(prompt_length(p, self.backend) for p in problems[cell.task.name])
+            prefix = schedule.protected_prefix(longest)
+            if prefix.capped:
+                raise BudgetError(
+                    f"{cell.label}: the budget K={schedule.budget} with buffer B={schedule.buffer} leaves "
+                    f"room to protect {prefix.count} prompt tokens, but task {cell.task.name!r} has prompts "
+                    f"of {longest} tokens on {cell.model.name}: use a budget of at least "
+                    f"{longest + schedule.buffer + 1} (--budget) or a smaller ratio (--ratio)"
+                )
+        return {name: [p.problem_id for p in found] for name, found in problems.items()}
+
+    def score(self, unit: Unit) -> UnitResult:
+        """The unit's rows, timed."""
+        cell, calibrating, needs = unit.cell, 0.0, "calibration" in unit.cell.policy.needs
+        if needs and self.calibration is None:
+            started = time.perf_counter()
+            self.calibration = self.backend.calibrate()
+            calibrating = time.perf_counter() - started
+        calibration, problem = self.calibration if needs else None, self._problems(cell)[unit.problem_id]
+        started = time.perf_counter()
+        rows = score_unit(cell, self.backend, problem, calibration, self.graders)
+        return UnitResult(
+            unit,
+            tuple(rows),
+            seconds=time.perf_counter() - started,
+            eviction=sum(r.eviction_seconds for r in rows),
+            calibration=calibrating,
+        )
+
+    def close(self) -> None:
+        with ended(self.backend):  # a backend with processes of its own (vllm) ends after the graders
+            self.graders.close()
+
+
+class LocalExecutor:
+    """This process: one model loaded at a time, its units run in turn (kvbench.runner.executor)."""
+
+    def __init__(self, *, progress: bool = True) -> None:
+        self.progress = progress
+        self.loaded: list[Replica] = []  # the one loaded model, or none
+
+    def prepare(self, cells: Sequence[Cell]) -> Prepared:
+        key, load = (cells[0].model, cells[0].runtime), 0.0
+        if not self.loaded or self.loaded[0].key != key:
+            self.close()
+            self.loaded.append(Replica(*key, progress=self.progress))
+            load = self.loaded[0].load_seconds
+        return Prepared(self.loaded[0].prepare(cells), provenance(key[1].device), load)
+
+    def run(self, units: Sequence[Unit], status: Callable[[str], None]) -> Iterator[UnitResult]:
+        for unit in units:
+            status(f"{unit.cell.label} {unit.problem_id}")
+            yield self.loaded[0].score(unit)
+
+    def close(self) -> None:
+        while self.loaded:
+            self.loaded.pop().close()

@@ -1,9 +1,9 @@
-"""Running cells on a Ray cluster (``kvbench run --executor ray``): the same units, the same shards.
+"""An executor (kvbench.runner.executor) for ``kvbench run --executor ray``: the same units, the same shards.
 
-A unit of work is one problem of one cell, as in the local executor. Each model replica is a Ray actor
-that loads the model once and serves many units. Each actor reserves the resources its runtime needs:
-a GPU on CUDA runtimes, ``cpus_per_worker`` CPUs otherwise. Units go to idle actors, longest expected
-first. A unit is written once, under its identity, by the shard store's atomic rename:
+A unit of work is one problem of one cell. Each model replica is a Ray actor that loads the model once
+and serves many units. Each actor reserves the resources its runtime needs: a GPU on CUDA runtimes,
+``cpus_per_worker`` CPUs otherwise. Units go to idle actors, longest expected first. A unit is written
+once, under its identity, by the shard store's atomic rename:
 
 - ``results="shared"`` (the default): the actor writes the shard into the results folder, which every
   node must reach (a shared filesystem path).
@@ -12,8 +12,7 @@ first. A unit is written once, under its identity, by the shard store's atomic r
 
 An actor that dies is restarted by Ray (the model loads again) and its unit is retried. The retry writes
 the same file under the same name, so no sample is lost or duplicated. Units that still fail are named
-at the end and are computed by the next run. Ingest happens once, on the driver, as with the local
-executor.
+at the end and computed by the next run. Ingest happens once, on the driver, as with the local executor.
 """
 
 from __future__ import annotations
@@ -21,18 +20,23 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from kvbench.errors import KvbenchError, PrerequisiteError
-from kvbench.runner.budgets import check_measurable, settle_all
-from kvbench.runner.execute import Completed, Timings, manifest_notes
+
+try:
+    import ray
+except ImportError:
+    raise PrerequisiteError(
+        "--executor ray needs Ray: pip install 'kvbench[ray]' (on every node of the cluster)"
+    ) from None
+from kvbench.provenance import provenance
+from kvbench.runner.execute import Replica
+from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.plan import Cell
 from kvbench.runner.store import ShardStore
 
@@ -41,88 +45,38 @@ RETRIES = 3
 """How often a unit is retried after its worker died (Ray's max_task_retries)."""
 
 
-class UnitWorker:
+class UnitWorker(Replica):
     """One model replica: the model loaded once, and every unit of its cells scored on it."""
 
     def __init__(self, model: Any, runtime: Any, out: str, threads: int | None) -> None:
-        import torch
-
-        from kvbench.adapters.base import find_adapter
-        from kvbench.runner.execute import Graders
-
         if threads:
+            import torch
+
             # CPU numbers depend on torch's thread count: the actor uses exactly what it reserved
             torch.set_num_threads(threads)
-        started = time.perf_counter()
-        adapter = find_adapter(runtime.adapter)
-        self.backend = adapter.load(model, device=runtime.device, attention=runtime.attention, progress=False)
-        self.load_seconds = time.perf_counter() - started
-        self.runtime = runtime
+        super().__init__(model, runtime, progress=False)
         self.out = Path(out)
-        self.graders = Graders()
-        self.calibrations: dict = {}
-        self.problems: dict[tuple[str, int | None, str | None], dict[str, Any]] = {}
 
     def where(self) -> dict[str, Any]:
         """The node, host and process this replica runs on, and that machine's provenance."""
-        import ray
-
-        from kvbench.provenance import provenance
-
         return {
             "node": ray.get_runtime_context().get_node_id(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "load_seconds": self.load_seconds,
-            "provenance": provenance(self.runtime.device),
+            "provenance": provenance(self.key[1].device),
         }
 
-    def _problems(self, cell: Cell) -> dict[str, Any]:
-        from kvbench.runner.execute import cell_problems
-
-        key = (cell.task.name, cell.limit, cell.data)
-        if key not in self.problems:
-            self.problems[key] = {p.problem_id: p for p in cell_problems(cell, self.backend)}
-        return self.problems[key]
-
-    def prepare(self, cells: list[Cell]) -> dict[str, list[str]]:
-        """Each task's problem ids, after refusing a cell whose budget cannot protect its prompts."""
-        from kvbench.runner.execute import check_cells
-
-        problems = {c.task.name: list(self._problems(c).values()) for c in cells}
-        check_cells([c for c in cells if c.pending is None], self.backend, problems)
-        return {name: [p.problem_id for p in found] for name, found in problems.items()}
-
-    def run(self, cell: Cell, problem_id: str, write: bool) -> dict[str, Any]:
+    def run(self, unit: Unit, write: bool) -> UnitResult:
         """Score one unit; write its shard (``write``) or return its rows to the driver."""
-        import ray
-
-        from kvbench.runner.execute import calibration_for, score_unit
-
-        store = ShardStore(self.out, cell.run_id)
-        node = ray.get_runtime_context().get_node_id()
-        if write and store.has(problem_id):  # a retry after the shard landed: nothing to do
-            return {"node": node, "computed": False, "rows": None, "seconds": 0.0, "eviction": 0.0}
-        timings = Timings()
-        calibration = calibration_for(cell, self.backend, self.calibrations, timings)
-        started = time.perf_counter()
-        rows = score_unit(cell, self.backend, self._problems(cell)[problem_id], calibration, self.graders)
-        if write:
-            store.write(problem_id, rows)
-        return {
-            "node": node,
-            "computed": True,
-            "rows": None if write else rows,
-            "seconds": time.perf_counter() - started,
-            "eviction": sum(r.eviction_seconds for r in rows),
-            "calibration": timings.calibration,
-        }
-
-    def close(self) -> None:
-        self.graders.close()
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        store = ShardStore(self.out, unit.cell.run_id)
+        if write and store.has(unit.problem_id):  # a retry after the shard landed: nothing to do
+            return UnitResult(unit, None, computed=False)
+        result = self.score(unit)
+        if not write:
+            return result
+        store.write(unit.problem_id, result.rows or ())
+        return replace(result, rows=None)
 
 
 @dataclass(frozen=True)
@@ -139,67 +93,41 @@ class RayOptions:
     results: Results = "shared"
 
 
-@dataclass
-class _Progress:
+def _progress(counts: Counter) -> str:
     """Units done / running / failed per node, shown under one aggregated bar."""
-
-    done: Counter = field(default_factory=Counter)
-    running: Counter = field(default_factory=Counter)
-    failed: Counter = field(default_factory=Counter)
-
-    def line(self) -> str:
-        nodes = sorted(set(self.done) | set(self.running) | set(self.failed))
-        return "  ".join(
-            f"node {n[:8]}: {self.done[n]} done, {self.running[n]} running, {self.failed[n]} failed"
-            for n in nodes
-        )
+    nodes = sorted({node for node, _ in counts})
+    states = ("done", "running", "failed")
+    return "  ".join(f"node {n[:8]}: " + ", ".join(f"{counts[n, s]} {s}" for s in states) for n in nodes)
 
 
-def _expected_tokens(cell: Cell) -> float:
-    """A unit's expected cost, for longest-first scheduling: its samples × their expected length."""
-    source = cell.task.source
-    length = getattr(source, "length", None) or cell.task.reference_n_avg(cell.model.name)
-    return cell.samples * float(length or cell.task.max_new_tokens)
+class RayExecutor:
+    """Units on Ray actors, one model's replicas at a time (kvbench.runner.executor)."""
 
+    def __init__(self, out: Path, options: RayOptions = RayOptions()) -> None:
+        self.out, self.options, self.started_here = out, options, False
+        self.key: tuple[Any, Any] | None = None  # the model and runtime the replicas hold
+        self.replicas: list[Any] = []
+        self.nodes: dict[int, str] = {}
+        self.provenance: dict[str, Any] = {}
 
-def run_cells_ray(
-    cells: Sequence[Cell], out: Path, options: RayOptions = RayOptions(), *, progress: bool = True
-) -> Completed:
-    """Run every cell on a Ray cluster; what is stored already is skipped, as locally."""
-    try:
-        import ray
-    except ImportError:
-        raise PrerequisiteError(
-            "--executor ray needs Ray: pip install 'kvbench[ray]' (on every node of the cluster)"
-        ) from None
-    check_measurable(cells, out)
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=options.address, log_to_driver=False, configure_logging=False)
-    timings = Timings()
-    ran: dict[str, Cell] = {}
-    try:
-        for model, runtime in dict.fromkeys((c.model, c.runtime) for c in cells):
-            group = [c for c in cells if (c.model, c.runtime) == (model, runtime)]
-            ran |= _ModelOnRay(group, out, options, timings, progress).run()
-    finally:
-        if started_here:
-            ray.shutdown()
-    return Completed(cells=[ran[c.run_id] for c in cells], timings=timings)
+    def prepare(self, cells: Sequence[Cell]) -> Prepared:
+        if not ray.is_initialized():
+            ray.init(address=self.options.address, log_to_driver=False, configure_logging=False)
+            self.started_here = True
+        load = 0.0
+        if self.key != (cells[0].model, cells[0].runtime):
+            self._release()
+            self.key = (cells[0].model, cells[0].runtime)
+            self.replicas = self._replicas(cells[0])
+            places = ray.get([r.where.remote() for r in self.replicas])
+            load = max(p["load_seconds"] for p in places)
+            self.provenance = {**places[0]["provenance"], "executor": _executor_record(places, self.options)}
+            self.nodes = {id(r): p["node"] for r, p in zip(self.replicas, places, strict=True)}
+        problems = ray.get(self.replicas[0].prepare.remote(list(cells)))
+        return Prepared(problems, self.provenance, load)
 
-
-class _ModelOnRay:
-    """One model's cells: its replicas, the ready cells' units, then those whose K waited for N_avg."""
-
-    def __init__(self, cells: list[Cell], out: Path, options: RayOptions, timings: Timings, progress: bool):
-        self.cells, self.out, self.options = cells, out, options
-        self.timings, self.progress = timings, progress
-        self.failures: list[str] = []
-
-    def _replicas(self) -> list[Any]:
-        import ray
-
-        runtime, model = self.cells[0].runtime, self.cells[0].model
+    def _replicas(self, cell: Cell) -> list[Any]:
+        runtime, model = cell.runtime, cell.model
         resources = ray.cluster_resources()
         if runtime.device_kind == "cuda":
             gpus = self.options.gpus_per_worker
@@ -223,95 +151,52 @@ class _ModelOnRay:
         # absolute: a replica runs in a working folder of its own (on another node: the same mount path)
         return [actor.remote(model, runtime, str(self.out.resolve()), threads) for _ in range(count)]
 
-    def run(self) -> dict[str, Cell]:
-        import ray
-
-        replicas = self._replicas()
-        try:
-            places = ray.get([r.where.remote() for r in replicas])
-            self.timings.model_load += max(p["load_seconds"] for p in places)
-            provenance = {**places[0]["provenance"], "executor": _executor_record(places, self.options)}
-            ready = [c for c in self.cells if c.pending is None]
-            ids = ray.get(replicas[0].prepare.remote(ready))
-            nodes = {id(r): p["node"] for r, p in zip(replicas, places, strict=True)}
-            self._run_units(ready, ids, replicas, nodes, provenance)
-            as_ran = settle_all(self.cells, self.out, ids)
-            settled = [after for before, after in zip(self.cells, as_ran, strict=True) if before.pending]
-            if settled:
-                ray.get(replicas[0].prepare.remote(settled))  # the settled budgets against the prompts
-                self._run_units(settled, ids, replicas, nodes, provenance)
-        finally:
-            for replica in replicas:
-                with contextlib.suppress(Exception):  # a replica that is gone has nothing to close
-                    ray.get(replica.close.remote(), timeout=30)
-                ray.kill(replica)
-        if self.failures:
-            raise KvbenchError(
-                f"{len(self.failures)} unit(s) failed after {RETRIES} retries; the stored ones are kept and "
-                "a rerun computes only what is missing:\n  " + "\n  ".join(self.failures[:20])
-            )
-        return {before.run_id: after for before, after in zip(self.cells, as_ran, strict=True)}
-
-    def _run_units(
-        self, cells: list[Cell], ids: dict[str, list[str]], replicas: list, nodes: dict, provenance: dict
-    ) -> None:
-        """Every unit not stored yet, each on the next idle replica, until all are done or failed."""
-        import ray
-
-        units: list[tuple[Cell, str]] = []
-        for cell in cells:
-            store = ShardStore(self.out, cell.run_id)
-            store.write_manifest(cell.spec.record(), {**provenance, **manifest_notes(cell)})
-            for problem_id in ids[cell.task.name]:
-                if store.has(problem_id):
-                    self.timings.reused += 1
-                else:
-                    units.append((cell, problem_id))
-        units.sort(key=lambda unit: -_expected_tokens(unit[0]))  # longest first (a stable sort)
+    def run(self, units: Sequence[Unit], status: Callable[[str], None]) -> Iterator[UnitResult]:
+        """Every unit, each on the next idle replica, longest expected first, until all are done or failed."""
+        queue = sorted(units, key=lambda unit: -unit.cost)  # a stable sort
         write = self.options.results == "shared"
-        state = _Progress()
-        idle = list(replicas)
-        pending: dict[Any, tuple[Cell, str, Any]] = {}
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not self.progress, transient=True) as bar:
-            task = bar.add_task(self.cells[0].model.name, total=len(units))
-            queue = list(units)
-            while queue or pending:
-                while queue and idle:
-                    cell, problem_id = queue.pop(0)
-                    replica = idle.pop()
-                    pending[replica.run.remote(cell, problem_id, write)] = (cell, problem_id, replica)
-                    state.running[nodes[id(replica)]] += 1
-                finished, _ = ray.wait(list(pending), num_returns=1)
-                for ref in finished:
-                    cell, problem_id, replica = pending.pop(ref)
-                    state.running[nodes[id(replica)]] -= 1
-                    # Ray restarts a dead replica (max_restarts=-1), so it serves the next unit either way
-                    idle.append(replica)
-                    try:
-                        result = ray.get(ref)
-                    except Exception as exc:  # its retries exhausted, or the unit itself raised
-                        state.failed[nodes[id(replica)]] += 1
-                        self.failures.append(f"{cell.label} {problem_id}: {type(exc).__name__}: {exc}"[:500])
-                        continue
-                    store = ShardStore(self.out, cell.run_id)
-                    if result["rows"] is not None:
-                        store.write(problem_id, result["rows"])
-                    elif not store.has(problem_id):
-                        raise KvbenchError(
-                            f"a replica on node {result['node'][:8]} wrote {cell.label} {problem_id} into "
-                            f"{self.out.resolve()}, but this machine does not see it there: --out must be a "
-                            "folder every node reaches at the same path, or use --ray-results driver"
-                        )
-                    state.done[result["node"]] += 1
-                    self.timings.computed += int(result["computed"])
-                    self.timings.units += result["seconds"]
-                    self.timings.eviction += result["eviction"]
-                    self.timings.calibration += result.get("calibration", 0.0)
-                    by = self.timings.by_cell
-                    by[cell.label] = by.get(cell.label, 0.0) + result["seconds"]
-                    bar.advance(task)
-                bar.update(task, description=f"{self.cells[0].model.name}  {state.line()}")
+        state: Counter = Counter()  # (node, done | running | failed) -> units
+        idle = list(self.replicas)
+        pending: dict[Any, tuple[Unit, Any]] = {}
+        while queue or pending:
+            while queue and idle:
+                unit, replica = queue.pop(0), idle.pop()
+                pending[replica.run.remote(unit, write)] = (unit, replica)
+                state[self.nodes[id(replica)], "running"] += 1
+            finished, _ = ray.wait(list(pending), num_returns=1)
+            for ref in finished:
+                unit, replica = pending.pop(ref)
+                node = self.nodes[id(replica)]
+                state[node, "running"] -= 1
+                # Ray restarts a dead replica (max_restarts=-1), so it serves the next unit either way
+                idle.append(replica)
+                try:
+                    result = ray.get(ref)
+                except Exception as exc:  # its retries exhausted, or the unit itself raised
+                    state[node, "failed"] += 1
+                    yield UnitResult(unit, None, computed=False, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                if result.rows is None and not ShardStore(self.out, unit.cell.run_id).has(unit.problem_id):
+                    raise KvbenchError(
+                        f"a replica on node {node[:8]} wrote {unit.cell.label} {unit.problem_id} into "
+                        f"{self.out.resolve()}, but this machine does not see it there: --out must be a "
+                        "folder every node reaches at the same path, or use --ray-results driver"
+                    )
+                state[node, "done"] += 1
+                yield result
+            status(f"{units[0].cell.model.name}  {_progress(state)}")
+
+    def _release(self) -> None:
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):  # a replica that is gone has nothing to close
+                ray.get(replica.close.remote(), timeout=30)
+            ray.kill(replica)
+        self.replicas, self.key = [], None
+
+    def close(self) -> None:
+        self._release()
+        if self.started_here:
+            ray.shutdown()
 
 
 def _executor_record(places: list[dict[str, Any]], options: RayOptions) -> dict[str, Any]:

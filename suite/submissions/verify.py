@@ -35,7 +35,7 @@ from kvbench.results.pairing import cell_family
 from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
-from kvbench.runner.execute import run_cells
+from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell
 from kvbench.specs.resolved import digest
 from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs

@@ -1,0 +1,142 @@
+"""Running cells, written once for every executor (which only runs units): plan -> settle -> units -> store.
+
+Per model, the cells with a known budget run (the full arms among them), then each pending cell is
+settled on its full arm's measured N_avg, checked and run; stored units are skipped, manifests written."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from kvbench.errors import KvbenchError
+from kvbench.registry import policy_documentation
+from kvbench.runner.budgets import check_measurable, settle_all
+from kvbench.runner.executor import Executor, Prepared, Unit
+from kvbench.runner.plan import Cell
+from kvbench.runner.store import ShardStore
+
+
+@dataclass
+class Timings:
+    """Where the wall time of a run went (seconds)."""
+
+    model_load: float = 0.0
+    calibration: float = 0.0
+    units: float = 0.0
+    """Scoring problems: prefill, teacher-forced forwards and evictions."""
+    eviction: float = 0.0
+    """The part of ``units`` spent in eviction events."""
+    ingest: float = 0.0
+    computed: int = 0
+    reused: int = 0
+    by_cell: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Completed:
+    cells: list[Cell]
+    """The cells as they ran: a budget that followed a measured N_avg is settled (its final identity)."""
+    timings: Timings
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    out: Path,
+    executor: Executor | None = None,
+    *,
+    progress: bool = True,
+    only: Mapping[str, Collection[str]] | None = None,
+) -> Completed:
+    """Run every cell on ``executor`` (default: this process), one model at a time; skip stored problems.
+
+    Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
+    ``only`` (run id -> problem ids) runs just those problems of a cell: `kvbench verify`'s subset.
+    """
+    check_measurable(cells, out)
+    if executor is None:
+        from kvbench.runner.execute import LocalExecutor
+
+        executor = LocalExecutor(progress=progress)
+    run = _Run(executor, out, only or {}, progress)
+    ran: dict[str, Cell] = {}
+    try:
+        for key in dict.fromkeys((c.model, c.runtime) for c in cells):
+            ran |= run.model([c for c in cells if (c.model, c.runtime) == key])
+    finally:
+        executor.close()
+    return Completed(cells=[ran[c.run_id] for c in cells], timings=run.timings)
+
+
+def manifest_notes(cell: Cell) -> dict:
+    """What a run's manifest records beside its spec and provenance."""
+    return {
+        "role": cell.role,
+        "label": cell.label,
+        "policy_doc": policy_documentation(cell.policy),
+        "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
+        "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
+    }
+
+
+@dataclass
+class _Run:
+    executor: Executor
+    out: Path
+    only: Mapping[str, Collection[str]]
+    progress: bool
+    timings: Timings = field(default_factory=Timings)
+
+    def model(self, cells: list[Cell]) -> dict[str, Cell]:
+        """One model's cells, ready ones first, then settled ones; planned run id -> the cell as it ran."""
+        prepared = self.executor.prepare(cells)
+        self.timings.model_load += prepared.load_seconds
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=not self.progress, transient=True) as bar:
+            total = sum(len(self._chosen(c, prepared)) for c in cells)
+            shown = (bar, bar.add_task(cells[0].model.name, total=total))
+            failures = self._units([c for c in cells if c.pending is None], prepared, *shown)
+            as_ran = settle_all(cells, self.out, prepared.problems)
+            settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
+            if settled:
+                self.executor.prepare(settled)  # the settled budgets against the prompts
+                failures += self._units(settled, prepared, *shown)
+        if failures:
+            raise KvbenchError(
+                f"{len(failures)} unit(s) failed; the stored ones are kept and a rerun computes only what is "
+                "missing:\n  " + "\n  ".join(failures[:20])
+            )
+        return {before.run_id: after for before, after in zip(cells, as_ran, strict=True)}
+
+    def _chosen(self, cell: Cell, prepared: Prepared) -> list[str]:
+        chosen = self.only.get(cell.run_id)
+        return [p for p in prepared.problems[cell.task.name] if chosen is None or p in chosen]
+
+    def _units(self, cells: list[Cell], prepared: Prepared, bar: Progress, task: TaskID) -> list[str]:
+        """Every chosen unit of ``cells`` not stored yet, run and stored; returns the failed ones."""
+        units, failures, timings = [], [], self.timings
+        for cell in cells:
+            store = ShardStore(self.out, cell.run_id)
+            store.write_manifest(cell.spec.record(), {**prepared.provenance, **manifest_notes(cell)})
+            for problem_id in self._chosen(cell, prepared):
+                if store.has(problem_id):
+                    timings.reused += 1
+                    bar.advance(task)
+                else:
+                    units.append(Unit(cell, problem_id))
+        for result in self.executor.run(units, lambda text: bar.update(task, description=text)):
+            cell, problem_id = result.unit.cell, result.unit.problem_id
+            bar.advance(task)
+            if result.error is not None:
+                failures.append(f"{cell.label} {problem_id}: {result.error}"[:500])
+                continue
+            if result.rows is not None:
+                ShardStore(self.out, cell.run_id).write(problem_id, result.rows)
+            timings.computed += int(result.computed)
+            timings.units += result.seconds
+            timings.eviction += result.eviction
+            timings.calibration += result.calibration
+            timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + result.seconds
+        return failures
