@@ -33,6 +33,8 @@ class Analysis:
     tokens: int
     settings: dict[str, Any]
     stats: list[Stat]
+    device: str
+    """Where the model ran (``cpu``, ``cuda:0``): the machine every row's provenance describes."""
     ranges: list[Tensor] = field(default_factory=list)
     """Range(v) per layer, [Hkv, T]: what the figures draw."""
 
@@ -88,7 +90,9 @@ def collect(
         )
         ranges.append(value_range(layer_v.float()))
     tokens = sum(v[0].shape[1] for v in values)
-    return Analysis(loaded.spec.name, spec.name, len(problems), tokens, settings, stats, ranges)
+    return Analysis(
+        loaded.spec.name, spec.name, len(problems), tokens, settings, stats, str(loaded.device), ranges
+    )
 
 
 @torch.inference_mode()
@@ -110,8 +114,9 @@ def write_table(analysis: Analysis, out: Path) -> Path:
     import pyarrow.parquet as pq
 
     from kvbench.provenance import provenance
+    from kvbench.store.atomic import atomic_write
 
-    machine = json.dumps(provenance("cpu"), default=str)
+    machine = json.dumps(provenance(analysis.device), default=str)
     settings = json.dumps(analysis.settings, sort_keys=True)
     rows = [
         {
@@ -131,8 +136,6 @@ def write_table(analysis: Analysis, out: Path) -> Path:
         for s in analysis.stats
     ]
     path = out / "analysis" / f"values-{analysis.analysis_id}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows), temp)
-    temp.replace(path)
+    table = pa.Table.from_pylist(rows)
+    atomic_write(path, lambda temp: pq.write_table(table, temp))
     return path

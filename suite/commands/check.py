@@ -50,9 +50,9 @@ def check_command(args: argparse.Namespace) -> int:
         write_reference,
     )
     from kvbench.runner.execute import run_cells
-    from kvbench.runner.ingest import ingest
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.specs.suite import load_suite
+    from kvbench.store.ingest import ingest
 
     suite = load_suite(args.suite)
     path = reference_path(args.reference, suite.name)

@@ -17,12 +17,12 @@ from kvbench.graders.registry import Grader, make_grader
 from kvbench.probes.problems import ProbeProblem
 from kvbench.provenance import provenance
 from kvbench.registry import policy_documentation
-from kvbench.results.records import SampleRecord
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
-from kvbench.runner.store import ShardStore
+from kvbench.store.records import SampleRecord
+from kvbench.store.shards import ShardStore
 
 
 @dataclass

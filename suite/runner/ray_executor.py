@@ -34,7 +34,7 @@ from kvbench.errors import KvbenchError, PrerequisiteError
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.execute import Completed, Timings, manifest_notes
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import ShardStore
+from kvbench.store.shards import ShardStore
 
 Results = Literal["shared", "driver"]
 RETRIES = 3

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
-from kvbench.runner.store import ShardStore, read_records
+from kvbench.runner.graded import graded_fields
 from kvbench.specs.task import TaskSpec
 from kvbench.specs.task_data import load_problems
+from kvbench.store.shards import ShardStore, read_records
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,8 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
                 gold = problems[record.problem_id].gold
                 verdict = grader.grade(record.output, gold, task, thinking=thinking)
                 changed += int(verdict.correct != record.correct)
-                regraded.append(
-                    record.model_copy(
-                        update={
-                            "metric": float(verdict.correct),
-                            "correct": verdict.correct,
-                            "reason": verdict.reason,
-                            "no_answer": verdict.no_answer,
-                            "grader_version": verdict.version,
-                            "strict_correct": verdict.correct and record.finish_reason != "length",
-                        }
-                    )
-                )
+                fields = graded_fields(verdict, record.output, record.finish_reason, task)
+                regraded.append(record.model_copy(update=fields))
                 samples += 1
             store.write(records[0].problem_id, regraded)
     finally:

@@ -32,7 +32,6 @@ from kvbench.errors import KvbenchError
 from kvbench.provenance import describe_machine
 from kvbench.registry import builtin_policies, find_policy, make_policy
 from kvbench.results.check import outputs_digest
-from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
 from kvbench.runner.execute import run_cells
@@ -40,6 +39,7 @@ from kvbench.runner.plan import Cell, Runtime, make_cell, spec_identity
 from kvbench.specs.model import ModelSpec
 from kvbench.specs.protocol import ProtocolSpec
 from kvbench.specs.task import TaskSpec
+from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs
 from kvbench.submissions.pairing import reference_of, shared
 from kvbench.submissions.rules import Checked
