@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -116,26 +116,11 @@ def write_table(analysis: Analysis, out: Path) -> Path:
     from kvbench.provenance import provenance
     from kvbench.store.atomic import atomic_write
 
-    machine = json.dumps(provenance(analysis.device), default=str)
-    settings = json.dumps(analysis.settings, sort_keys=True)
-    rows = [
-        {
-            "analysis_id": analysis.analysis_id,
-            "created": time.time(),
-            "model": analysis.model,
-            "task": analysis.task,
-            "problems": analysis.problems,
-            "tokens": analysis.tokens,
-            "layer": s.layer,
-            "head": s.head,
-            "statistic": s.statistic,
-            "value": s.value,
-            "settings": settings,
-            "provenance": machine,
-        }
-        for s in analysis.stats
-    ]
+    run = {"analysis_id": analysis.analysis_id, "created": time.time(), "model": analysis.model}
+    run |= {"task": analysis.task, "problems": analysis.problems, "tokens": analysis.tokens}
+    about = {"settings": json.dumps(analysis.settings, sort_keys=True)}
+    about["provenance"] = json.dumps(provenance(analysis.device), default=str)
+    rows = [{**run, **asdict(s), **about} for s in analysis.stats]  # layer, head, statistic, value
     path = out / "analysis" / f"values-{analysis.analysis_id}.parquet"
-    table = pa.Table.from_pylist(rows)
-    atomic_write(path, lambda temp: pq.write_table(table, temp))
+    atomic_write(path, lambda temp: pq.write_table(pa.Table.from_pylist(rows), temp))
     return path

@@ -149,8 +149,7 @@ def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "d
         "machine": machine,
         "results": [asdict(r) for r in rows],
     }
-    text = json.dumps(record, indent=2)
-    atomic_write(path, lambda temp: temp.write_text(text))
+    atomic_write(path, lambda temp: temp.write_text(json.dumps(record, indent=2)))
     ingest(out)
     return path
 

@@ -30,8 +30,7 @@ def score_generation(
     grader: Grader,
 ) -> list[SampleRecord]:
     started = time.perf_counter()
-    family = cell.model.family
-    settings = cell.protocol.sampling[family]
+    settings = cell.protocol.sampling[cell.model.family]
     sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
     result = backend.generate(
         problem.encoded(backend),

@@ -1,10 +1,6 @@
-"""The one way kvbench writes a file: whole or not at all.
-
-Readers (a resumed run, ingest, the leaderboard) must never see half a file, nor a crash leave one under
-the real name: the file is written to a temporary name in the same folder (so one file system, and an
-atomic rename), then renamed over the target, or linked when the first writer must win; on any failure the
-temporary file is removed and the target is left as it was.
-"""
+"""The one way kvbench writes a file: whole or not at all. Readers (a resumed run, ingest, the leaderboard)
+never see half a file, and a crash never leaves one under the real name: the temporary file sits in the same
+folder (one file system, so the rename is atomic) and is removed on any failure."""
 
 from __future__ import annotations
 

@@ -35,7 +35,13 @@ from kvbench.store.records import (
 from kvbench.store.shards import read_manifest, read_shard
 
 DATABASE = "kvbench.duckdb"
-SNAPSHOT = "kvbench.snapshot.duckdb"
+
+
+def snapshot_of(database: Path) -> Path:
+    """The copy of ``database`` published after each write, which readers open (read-only), so that they
+    never hold a lock a writer needs."""
+    return database.with_name(f"{database.stem}.snapshot{database.suffix}")
+
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -60,7 +66,6 @@ class IngestReport:
     files: int
     database: Path
     snapshot: Path
-    """The copy readers open (read-only), so that they never hold a lock a writer needs."""
 
 
 def _fingerprint(path: Path) -> str:
@@ -184,10 +189,12 @@ def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDB
         con.close()
 
 
-def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path]) -> int:
+def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path], fresh: bool = False) -> int:
     """Every manifest and every shard not yet in ``database`` merged into it, in one transaction; how many
-    shard files were new."""
+    shard files were new. ``fresh``: ``database`` is an empty file to build anew."""
     shard_root = root / "shards"
+    if fresh:
+        database.unlink()  # DuckDB creates its file itself
     fix = f"the shards are the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
     with transaction(database, SCHEMA, fix) as con:
         done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
@@ -233,15 +240,10 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     with writer_lock(root):
         manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
         files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
-        merged: list[int] = []
-        if rebuild:
-
-            def build(temp: Path) -> None:
-                temp.unlink()  # DuckDB creates its file itself
-                merged.append(_merge(temp, root, manifests, files))
-
-            atomic_write(database, build)
+        if rebuild:  # a new database from every shard, which replaces the old one only once complete
+            new: list[int] = []
+            atomic_write(database, lambda temp: new.append(_merge(temp, root, manifests, files, fresh=True)))
         else:
-            merged.append(_merge(database, root, manifests, files))
-        atomic_write(root / SNAPSHOT, lambda temp: shutil.copyfile(database, temp))
-    return IngestReport(runs=len(manifests), files=merged[0], database=database, snapshot=root / SNAPSHOT)
+            new = [_merge(database, root, manifests, files)]
+        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
+    return IngestReport(runs=len(manifests), files=new[0], database=database, snapshot=snapshot_of(database))

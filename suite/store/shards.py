@@ -129,8 +129,7 @@ class ShardStore:
         if path.is_file() and read_manifest(path) is not None:
             return
         manifest = {"run_id": self.run_id, "spec": record, "created": time.time(), **extra}
-        text = json.dumps(manifest, indent=2, default=str)
-        atomic_write(path, lambda temp: temp.write_text(text))
+        atomic_write(path, lambda temp: temp.write_text(json.dumps(manifest, indent=2, default=str)))
 
     def write(self, problem_id: str, records: Sequence[SampleRecord]) -> None:
         table = pa.Table.from_pylist([r.row() for r in records], schema=SAMPLE_SCHEMA)

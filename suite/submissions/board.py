@@ -20,7 +20,7 @@ import pyarrow as pa
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
 from kvbench.store.atomic import atomic_write
-from kvbench.store.ingest import SCHEMA, transaction, writer_lock
+from kvbench.store.ingest import SCHEMA, snapshot_of, transaction, writer_lock
 from kvbench.store.records import RunRecord, arrow_schema
 from kvbench.submissions.contents import arrow_rows
 from kvbench.submissions.rules import Checked
@@ -40,10 +40,6 @@ CREATE TABLE IF NOT EXISTS verifications (
 );
 """
 """``added``: the submission brought the run (it was not stored before), so withdrawing may remove it."""
-
-
-def snapshot_of(database: Path) -> Path:
-    return database.with_name(f"{database.stem}.snapshot{database.suffix}")
 
 
 @contextmanager
