@@ -1,2 +1,2 @@
-"""Backends that run a policy inside a model: ``synthetic`` (random tensors, for engine tests and
-benchmarks), ``hf`` (transformers) and ``vllm``."""
+"""Backends that run a policy inside a model: ``hf`` (transformers) and ``vllm``. The tests' model-free
+backend (random tensors) lives with the tests, in tests/synthetic_adapter.py: it is not installed."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from synthetic_adapter import SyntheticBackend, synthetic_model
 from torch import Tensor
 
-from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.calibration import QueryStats
 from kvbench.core.contract import EvictionView, LayerState, ModelFacts, Policy
 from kvbench.core.rope import apply_rope

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic_adapter import SyntheticBackend, synthetic_model
 
-from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy
 

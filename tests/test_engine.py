@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from synthetic_adapter import synthetic_model
 
-from kvbench.adapters.synthetic import synthetic_model
 from kvbench.core.schedule import Schedule
 from kvbench.core.seeding import stable_seed
 from kvbench.registry import known_policies, make_policy

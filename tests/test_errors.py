@@ -6,8 +6,8 @@ import re
 
 import pytest
 import torch
+from synthetic_adapter import SyntheticBackend, synthetic_model
 
-from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.contract import EvictionView, Policy, policy
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV

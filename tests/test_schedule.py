@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
+from synthetic_adapter import SyntheticBackend, synthetic_model
 
-from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.schedule import Schedule
 from kvbench.core.seeding import eviction_seed, sample_seed, stable_seed
 from kvbench.registry import make_policy

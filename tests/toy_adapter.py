@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from synthetic_adapter import SyntheticBackend, synthetic_model
 from torch import Tensor
 
 from kvbench.adapters.base import Capabilities, Generation, Sample, Sampling, TeacherForced, Watch
-from kvbench.adapters.synthetic import SyntheticBackend, synthetic_model
 from kvbench.core.contract import Policy
 from kvbench.core.engine import PinnedSlots
 from kvbench.core.schedule import Schedule

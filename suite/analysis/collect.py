@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class Analysis:
     tokens: int
     settings: dict[str, Any]
     stats: list[Stat]
+    device: str
+    """Where the model ran (``cpu``, ``cuda:0``): the machine every row's provenance describes."""
     ranges: list[Tensor] = field(default_factory=list)
     """Range(v) per layer, [Hkv, T]: what the figures draw."""
 
@@ -88,7 +90,9 @@ def collect(
         )
         ranges.append(value_range(layer_v.float()))
     tokens = sum(v[0].shape[1] for v in values)
-    return Analysis(loaded.spec.name, spec.name, len(problems), tokens, settings, stats, ranges)
+    return Analysis(
+        loaded.spec.name, spec.name, len(problems), tokens, settings, stats, str(loaded.device), ranges
+    )
 
 
 @torch.inference_mode()
@@ -110,29 +114,13 @@ def write_table(analysis: Analysis, out: Path) -> Path:
     import pyarrow.parquet as pq
 
     from kvbench.provenance import provenance
+    from kvbench.store.atomic import atomic_write
 
-    machine = json.dumps(provenance("cpu"), default=str)
-    settings = json.dumps(analysis.settings, sort_keys=True)
-    rows = [
-        {
-            "analysis_id": analysis.analysis_id,
-            "created": time.time(),
-            "model": analysis.model,
-            "task": analysis.task,
-            "problems": analysis.problems,
-            "tokens": analysis.tokens,
-            "layer": s.layer,
-            "head": s.head,
-            "statistic": s.statistic,
-            "value": s.value,
-            "settings": settings,
-            "provenance": machine,
-        }
-        for s in analysis.stats
-    ]
+    run = {"analysis_id": analysis.analysis_id, "created": time.time(), "model": analysis.model}
+    run |= {"task": analysis.task, "problems": analysis.problems, "tokens": analysis.tokens}
+    about = {"settings": json.dumps(analysis.settings, sort_keys=True)}
+    about["provenance"] = json.dumps(provenance(analysis.device), default=str)
+    rows = [{**run, **asdict(s), **about} for s in analysis.stats]  # layer, head, statistic, value
     path = out / "analysis" / f"values-{analysis.analysis_id}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows), temp)
-    temp.replace(path)
+    atomic_write(path, lambda temp: pq.write_table(pa.Table.from_pylist(rows), temp))
     return path

@@ -14,8 +14,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from kvbench.results.records import SCHEMA_VERSION, RunRecord, arrow_schema
-from kvbench.runner.ingest import SCHEMA
+from kvbench.store.ingest import SCHEMA
+from kvbench.store.records import SCHEMA_VERSION, RunRecord, arrow_schema
 
 # a policy's chance of a correct sample rises with its index, so verdicts vary
 _SAMPLES = """

@@ -32,7 +32,7 @@ def values_command(args: argparse.Namespace) -> int:
     from kvbench.analysis.collect import collect, write_table
     from kvbench.analysis.figures import FIGURES
     from kvbench.errors import SpecError
-    from kvbench.runner.ingest import ingest
+    from kvbench.store.ingest import ingest
 
     try:
         bits = tuple(int(b) for b in args.bits.split(","))

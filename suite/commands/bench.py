@@ -136,10 +136,10 @@ def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "d
     """One JSON file per benchmark under OUT/bench/, then ingested into OUT's database."""
     import time
 
-    from kvbench.runner.ingest import ingest
+    from kvbench.store.atomic import atomic_write
+    from kvbench.store.ingest import ingest
 
     folder = out / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
     created = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(created))
     path = folder / f"{kind}-{settings['model']}-{stamp}.json"
@@ -149,9 +149,7 @@ def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "d
         "machine": machine,
         "results": [asdict(r) for r in rows],
     }
-    temp = path.with_suffix(".tmp")
-    temp.write_text(json.dumps(record, indent=2))
-    temp.replace(path)
+    atomic_write(path, lambda temp: temp.write_text(json.dumps(record, indent=2)))
     ingest(out)
     return path
 

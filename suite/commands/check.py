@@ -49,10 +49,10 @@ def check_command(args: argparse.Namespace) -> int:
         reference_path,
         write_reference,
     )
-    from kvbench.runner.ingest import ingest
     from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.specs.suite import load_suite
+    from kvbench.store.ingest import ingest
 
     suite = load_suite(args.suite)
     path = reference_path(args.reference, suite.name)

@@ -143,9 +143,9 @@ def _estimate(e, signed: bool = False) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     from kvbench.results.report import as_dicts, build_report
-    from kvbench.runner.ingest import ingest
     from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import plan
+    from kvbench.store.ingest import ingest
 
     started = time.perf_counter()
     cells = plan(run_request(args))
@@ -312,8 +312,8 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def grade_command(args: argparse.Namespace) -> int:
-    from kvbench.runner.ingest import ingest
     from kvbench.runner.regrade import regrade
+    from kvbench.store.ingest import ingest
 
     report = regrade(args.out, args.run, allow_code_execution=args.allow_code_execution)
     ingest(args.out)
@@ -374,7 +374,7 @@ def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def ingest_command(args: argparse.Namespace) -> int:
-    from kvbench.runner.ingest import ingest
+    from kvbench.store.ingest import ingest
 
     report = ingest(args.out, rebuild=args.rebuild)
     print(f"ingested {report.files} new shard files from {report.runs} runs into {report.database}")

@@ -10,8 +10,6 @@ estimate and the full arm it came from are part of every settled cell's identity
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,8 +19,9 @@ from typing import Any
 from kvbench.adapters.base import KVBudget
 from kvbench.errors import BudgetError
 from kvbench.runner.plan import Cell, make_cell
-from kvbench.runner.store import ShardStore, read_records
 from kvbench.specs.protocol import BudgetRule
+from kvbench.store.atomic import atomic_write
+from kvbench.store.shards import ShardStore, read_records
 
 
 @dataclass(frozen=True)
@@ -87,16 +86,8 @@ def measure(out: Path, reference: Cell, problem_ids: Sequence[str]) -> Measureme
 
 def _write_once(path: Path, measurement: Measurement) -> Measurement:
     """Write the measurement unless another process already has; either way, the stored one wins."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as file:
-        json.dump({**measurement.__dict__, "created": time.time()}, file, indent=2)
-    try:
-        os.link(temp, path)  # fails if the file exists: a concurrent run measured first
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(temp)
+    text = json.dumps({**measurement.__dict__, "created": time.time()}, indent=2)
+    atomic_write(path, lambda temp: temp.write_text(text), once=True)  # a run that measured first wins
     return stored_measurement(path.parent.parent, path.stem) or measurement
 
 

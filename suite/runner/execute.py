@@ -14,11 +14,11 @@ from kvbench.errors import BudgetError
 from kvbench.graders.registry import Grader, make_grader
 from kvbench.probes.problems import ProbeProblem
 from kvbench.provenance import provenance
-from kvbench.results.records import SampleRecord
 from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
 from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
+from kvbench.store.records import SampleRecord
 
 
 def cell_problems(cell: Cell, backend: Backend) -> list:

@@ -11,11 +11,12 @@ from typing import Any
 
 from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.registry import Grader
-from kvbench.results.records import SampleRecord
 from kvbench.runner.budgets import budget_fields
+from kvbench.runner.graded import graded_fields
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import problem_key
 from kvbench.specs.task_data import Problem
+from kvbench.store.records import SampleRecord
+from kvbench.store.shards import problem_key
 
 
 def score_generation(
@@ -29,8 +30,7 @@ def score_generation(
     grader: Grader,
 ) -> list[SampleRecord]:
     started = time.perf_counter()
-    family = cell.model.family
-    settings = cell.protocol.sampling[family]
+    settings = cell.protocol.sampling[cell.model.family]
     sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
     result = backend.generate(
         problem.encoded(backend),
@@ -47,12 +47,6 @@ def score_generation(
     rows = []
     for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
         verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
-        truncated = sample.finish_reason == "length"
-        public = cell.task.visibility == "public"
-        secondary: dict[str, Any] = {"truncated": truncated}
-        if public:
-            secondary["detail"] = verdict.detail
-            secondary.update(getattr(verdict, "extra", {}))
         rows.append(
             SampleRecord(
                 run_id=run_id,
@@ -61,19 +55,12 @@ def score_generation(
                 problem_hash=problem_key(problem.problem_id),
                 sample=i,
                 seed=seed,
-                metric=verdict.score,
-                correct=verdict.correct,
-                strict_correct=verdict.correct and not truncated,
                 finish_reason=sample.finish_reason,
-                reason=verdict.reason,
                 generated_tokens=sample.generated,
                 evictions=sample.evictions,
-                no_answer=verdict.no_answer,
-                grader_version=verdict.version,
                 eviction_seconds=result.eviction_seconds / len(seeds),
-                secondary=secondary,
-                output=sample.text if public else None,
                 wall_seconds=seconds,
+                **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
                 **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
             )
         )

@@ -16,7 +16,7 @@ from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import ShardStore
+from kvbench.store.shards import ShardStore
 
 
 @dataclass

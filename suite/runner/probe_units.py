@@ -10,10 +10,10 @@ import torch
 from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
-from kvbench.results.records import SampleRecord
 from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import problem_key
+from kvbench.store.records import SampleRecord
+from kvbench.store.shards import problem_key
 
 
 def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:

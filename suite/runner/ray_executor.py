@@ -38,7 +38,7 @@ from kvbench.provenance import provenance
 from kvbench.runner.execute import Replica
 from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.plan import Cell
-from kvbench.runner.store import ShardStore
+from kvbench.store.shards import ShardStore
 
 Results = Literal["shared", "driver"]
 RETRIES = 3

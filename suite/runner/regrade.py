@@ -13,9 +13,10 @@ from pathlib import Path
 
 from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
-from kvbench.runner.store import ShardStore, read_records
-from kvbench.specs.task import TaskSpec
+from kvbench.runner.graded import graded_fields
+from kvbench.specs.resolved import ResolvedSpec
 from kvbench.specs.task_data import load_problems
+from kvbench.store.shards import ShardStore, read_records
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ def find_run(root: Path, run: str) -> Path:
 def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> RegradeReport:
     folder = find_run(root, run)
     manifest = json.loads((folder / "manifest.json").read_text())
-    spec = manifest["spec"]
-    task = TaskSpec.model_validate(spec["task"])
+    spec = ResolvedSpec.read(manifest["spec"], manifest.get("role"))
+    task = spec.task
     if task.grader == "probe":
         raise SpecError(f"run {folder.name} is a probe ({task.name}): its scores are not graded outputs")
     if task.visibility == "private":
@@ -51,11 +52,11 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
 
         Sandbox().check()
     grader = make_grader(task.grader)
-    data = Path(spec["data"]["path"]) if spec.get("data") else None
+    data = Path(spec.data.path) if spec.data is not None else None
     problems = {p.problem_id: p for p in load_problems(task, data)}
     thinking = manifest.get("thinking")
     if thinking is None:  # a run from before model specs said whether they think: the families that did
-        thinking = spec["model"]["family"] in ("qwen3", "phi4-reasoning")
+        thinking = spec.model.family in ("qwen3", "phi4-reasoning")
     store = ShardStore(root, folder.name)
     samples = changed = 0
     try:
@@ -70,18 +71,8 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
                 gold = problems[record.problem_id].gold
                 verdict = grader.grade(record.output, gold, task, thinking=thinking)
                 changed += int(verdict.correct != record.correct)
-                regraded.append(
-                    record.model_copy(
-                        update={
-                            "metric": float(verdict.correct),
-                            "correct": verdict.correct,
-                            "reason": verdict.reason,
-                            "no_answer": verdict.no_answer,
-                            "grader_version": verdict.version,
-                            "strict_correct": verdict.correct and record.finish_reason != "length",
-                        }
-                    )
-                )
+                fields = graded_fields(verdict, record.output, record.finish_reason, task)
+                regraded.append(record.model_copy(update=fields))
                 samples += 1
             store.write(records[0].problem_id, regraded)
     finally:

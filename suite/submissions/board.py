@@ -4,10 +4,8 @@ is followed by a fresh read-only snapshot beside the database, which is what the
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,8 +19,9 @@ import pyarrow as pa
 
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
-from kvbench.results.records import SCHEMA_VERSION, RunRecord, arrow_schema
-from kvbench.runner.ingest import SCHEMA, writer_lock
+from kvbench.store.atomic import atomic_write
+from kvbench.store.ingest import SCHEMA, snapshot_of, transaction, writer_lock
+from kvbench.store.records import RunRecord, arrow_schema
 from kvbench.submissions.contents import arrow_rows
 from kvbench.submissions.rules import Checked
 
@@ -43,36 +42,12 @@ CREATE TABLE IF NOT EXISTS verifications (
 """``added``: the submission brought the run (it was not stored before), so withdrawing may remove it."""
 
 
-def snapshot_of(database: Path) -> Path:
-    return database.with_name(f"{database.stem}.snapshot{database.suffix}")
-
-
 @contextmanager
 def _writing(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     with writer_lock(database.parent):
-        con = duckdb.connect(str(database))
-        try:
-            con.execute("BEGIN TRANSACTION")
-            con.execute(SCHEMA + SUBMISSION_TABLES)
-            found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if found is not None and found[0] != str(SCHEMA_VERSION):
-                raise PrerequisiteError(
-                    f"{database} has record schema {found[0]}, this kvbench writes "
-                    f"{SCHEMA_VERSION}: rebuild it first"
-                )
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        with transaction(database, SCHEMA + SUBMISSION_TABLES, "rebuild it first") as con:
             yield con
-            con.execute("COMMIT")
-            con.execute("CHECKPOINT")
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")
-            raise
-        finally:
-            con.close()
-        staging = database.with_name(f".{snapshot_of(database).name}.tmp")
-        shutil.copyfile(database, staging)
-        os.replace(staging, snapshot_of(database))
+        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from typing import Literal
 
 import pydantic
 
+from kvbench.store.atomic import atomic_write
+
 FORMAT = "kvbench-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
@@ -198,7 +200,10 @@ def open_bundle(path: Path, into: Path) -> list[Failure]:
 def write_bundle(path: Path, members: dict[str, Path]) -> None:
     """A gzip'd tar of ``members`` (archive name -> file), sorted, with neutral owners and times, so that
     the same members always give the same bytes."""
-    temp = path.with_name(f".{path.name}.tmp")
+    atomic_write(path, lambda temp: _pack(temp, members))
+
+
+def _pack(temp: Path, members: dict[str, Path]) -> None:
     with (
         open(temp, "wb") as raw,
         gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
@@ -212,4 +217,3 @@ def write_bundle(path: Path, members: dict[str, Path]) -> None:
             info.mode = 0o644
             with open(members[name], "rb") as handle:
                 archive.addfile(info, handle)
-    temp.replace(path)

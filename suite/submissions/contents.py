@@ -12,9 +12,9 @@ import duckdb
 import pyarrow as pa
 
 from kvbench.results.check import outputs_digest
-from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
-from kvbench.runner.store import read_manifest, read_shard
 from kvbench.specs.resolved import ResolvedSpec, Role
+from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
+from kvbench.store.shards import read_manifest, read_shard
 
 
 @dataclass(frozen=True)

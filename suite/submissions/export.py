@@ -19,10 +19,10 @@ import kvbench
 from kvbench.errors import KvbenchError, PrerequisiteError, SpecError
 from kvbench.registry import builtin_policies, find_policy
 from kvbench.results.pairing import null_of, reference_of
-from kvbench.results.records import SCHEMA_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import load_protocol, protocol_names
 from kvbench.specs.resolved import Role
+from kvbench.store.records import SCHEMA_VERSION
 from kvbench.submissions.bundle import (
     ENVIRONMENT,
     FORMAT,

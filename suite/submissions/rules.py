@@ -36,14 +36,14 @@ import yaml
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
 from kvbench.results.pairing import null_of, reference_of
-from kvbench.results.records import SCHEMA_VERSION, RunRecord
 from kvbench.runner.plan import RUNNER_VERSION
-from kvbench.runner.store import problem_key
 from kvbench.specs.loading import SPEC_ROOT
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role, digest
 from kvbench.specs.suite import SuiteSpec, suite_names
 from kvbench.specs.task import load_task, task_names
+from kvbench.store.records import SCHEMA_VERSION, RunRecord
+from kvbench.store.shards import problem_key
 from kvbench.submissions.bundle import (
     FORMAT,
     FORMAT_VERSION,

@@ -32,12 +32,12 @@ from kvbench.provenance import describe_machine
 from kvbench.registry import builtin_policies, find_policy, make_policy
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import cell_family
-from kvbench.results.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.results.stats import bootstrap_mean
 from kvbench.results.summary import summarize
 from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell
 from kvbench.specs.resolved import digest
+from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs
 from kvbench.submissions.rules import Checked
 

@@ -44,7 +44,8 @@ def test_analyze_values_stores_a_tidy_table_and_draws_figures(tmp_path: Path, ti
     )
     expected = len(tiny.prompt_ids(problem.stub)) + sum(len(ids) for _, ids in problem.token_pieces(encode))
     assert {r[6] for r in rows} == {expected}
-    assert json.loads(rows[0][7])["hardware"]["torch_threads"] >= 1
+    machine = json.loads(rows[0][7])["hardware"]
+    assert machine["torch_threads"] >= 1 and machine["device"] == "cpu"  # where --device put the model
     assert json.loads(rows[0][8]) == {"above": 4.0, "bins": 8, "bits": [2, 4, 8], "group": 16, "limit": 1}
     figures = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "figures").glob("*.html"))
     assert figures == ["correlation.html", "histograms.html", "positions.html"]

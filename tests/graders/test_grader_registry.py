@@ -90,8 +90,8 @@ def test_thinking_comes_from_the_model_yaml_and_only_set_fields_join_the_identit
 
 @pytest.mark.slow
 def test_a_thinking_models_answer_is_read_after_its_marker(tmp_path: Path) -> None:
-    from kvbench.runner.store import ShardStore, read_records
     from kvbench.specs.task_data import load_problems
+    from kvbench.store.shards import ShardStore, read_records
 
     thinking = tmp_path / "tiny-thinking.yaml"
     text = (ROOT / "suite" / "models" / "tiny-qwen3.yaml").read_text().replace("name: tiny-qwen3", "name: tt")

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 from scipy import stats
+from synthetic_adapter import synthetic_model
 
-from kvbench.adapters.synthetic import synthetic_model
 from kvbench.core.contract import LayerState
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV

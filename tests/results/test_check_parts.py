@@ -22,10 +22,10 @@ from kvbench.results.check import (
     reference_path,
     write_reference,
 )
-from kvbench.results.records import SampleRecord
 from kvbench.results.stats import bootstrap_mean
 from kvbench.runner.plan import Cell, RunRequest, plan
-from kvbench.runner.store import ShardStore, problem_key
+from kvbench.store.records import SampleRecord
+from kvbench.store.shards import ShardStore, problem_key
 
 POLICY_DIR = Path(kvbench.__file__).resolve().parent.parent / "policies"
 

@@ -21,7 +21,7 @@ from scipy.stats import binomtest
 
 from kvbench.results.comparison import NO_BASELINE, common_tasks, compare_table, stored_runs
 from kvbench.results.summary import summarize
-from kvbench.runner.ingest import SCHEMA
+from kvbench.store.ingest import SCHEMA
 from support import holm_by_definition, resolved_record
 
 PROBLEMS = {"t1": 22, "t2": 9, "t3": 3}

@@ -19,9 +19,9 @@ from kvbench.results.compare import Filters, compare
 from kvbench.results.comparison import stored_runs
 from kvbench.results.pairing import null_of, reference_of
 from kvbench.runner.execute import run_cells
-from kvbench.runner.ingest import ingest
 from kvbench.runner.plan import RunRequest, plan
 from kvbench.specs.resolved import Role
+from kvbench.store.ingest import ingest
 from kvbench.submissions.contents import spec_of
 from kvbench.submissions.contents import stored_runs as bundle_runs
 from kvbench.submissions.export import select

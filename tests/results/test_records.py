@@ -18,11 +18,11 @@ import pyarrow as pa
 import pydantic
 import pytest
 
-from kvbench.results import records
 from kvbench.results.check import outputs_digest
-from kvbench.results.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
-from kvbench.runner.ingest import SCHEMA
-from kvbench.runner.store import ADDED_IN_6, ADDED_IN_8, upgrade
+from kvbench.store import records
+from kvbench.store.ingest import SCHEMA
+from kvbench.store.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
+from kvbench.store.shards import ADDED_IN_6, ADDED_IN_8, upgrade
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from kvbench.results.summary import summarize
-from kvbench.runner.ingest import SCHEMA
+from kvbench.store.ingest import SCHEMA
 
 # run, problem, sample, metric, correct, strict, finish, tokens, no_answer
 SAMPLES = [

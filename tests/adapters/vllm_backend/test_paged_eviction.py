@@ -12,8 +12,8 @@ import random
 
 import pytest
 import torch
+from synthetic_adapter import synthetic_model
 
-from kvbench.adapters.synthetic import synthetic_model
 from kvbench.adapters.vllm.paged_kv import key_value_views, read_slots, slot_index, write_slots
 from kvbench.adapters.vllm.paged_schedule import PagedSchedule
 from kvbench.adapters.vllm.request_eviction import RequestEviction

@@ -42,10 +42,22 @@ _BY_TYPE = {
 }
 
 
-class SampleRecord(BaseModel):
-    """One sample: a generated answer with its verdict, or a teacher-forced probe with its measurements."""
+class _Record(BaseModel):
+    """A stored record: frozen, with no field its table lacks, and stored as one row of it."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    def row(self) -> dict[str, Any]:
+        """The record as one row of its shards and table (JSON fields as text)."""
+        row = self.model_dump()
+        for name in row:
+            if column(type(self), name) is JSON and row[name] is not None:
+                row[name] = json.dumps(row[name])
+        return row
+
+
+class SampleRecord(_Record):
+    """One sample: a generated answer with its verdict, or a teacher-forced probe with its measurements."""
 
     run_id: str
     """The cell's identity: a hash of its fully resolved spec."""
@@ -58,7 +70,7 @@ class SampleRecord(BaseModel):
     seed: int
     """The sample's seed: its sampling and every eviction draw derive from it."""
     metric: float | None
-    """What the task scores: 1/0 correctness for graded tasks, the probe's metric for probes."""
+    """What the task scores: the grader's score (1/0, or partial credit such as F1), the probe's metric."""
     correct: bool | None
     """The grader's verdict (None for continuous probe metrics)."""
     strict_correct: bool | None
@@ -104,15 +116,9 @@ class SampleRecord(BaseModel):
     """The generated text; None for private tasks and probes."""
     wall_seconds: float
 
-    def row(self) -> dict[str, Any]:
-        """The record as one row of the shards and the samples table."""
-        return _row(self)
 
-
-class RunRecord(BaseModel):
+class RunRecord(_Record):
     """One run (a cell): its resolved spec flattened into the columns tables filter on, and provenance."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
     run_id: str
     role: str | None
@@ -193,9 +199,6 @@ class RunRecord(BaseModel):
             spec=manifest["spec"],
         )
 
-    def row(self) -> dict[str, Any]:
-        return _row(self)
-
 
 def column(model: type[BaseModel], name: str) -> Column:
     """The storage of one field: its annotated Column, else the one of its Python type."""
@@ -219,14 +222,6 @@ def table_ddl(model: type[BaseModel], table: str, primary_key: tuple[str, ...]) 
     columns = [f"{name} {column(model, name).sql}" for name in model.model_fields]
     key = ", ".join(primary_key)
     return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, PRIMARY KEY ({key}))"
-
-
-def _row(record: BaseModel) -> dict[str, Any]:
-    row = record.model_dump()
-    for name in row:
-        if column(type(record), name) is JSON and row[name] is not None:
-            row[name] = json.dumps(row[name])
-    return row
 
 
 SAMPLE_SCHEMA = arrow_schema(SampleRecord)

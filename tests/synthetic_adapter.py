@@ -2,8 +2,8 @@
 
 It rotates random pre-RoPE keys and queries with real RoPE, keeps a window of recent queries, gives
 ``observe`` real softmax attention, appends one token per step and evicts when the schedule says so.
-The engine's tests and ``kvbench bench evict`` run on it; the transformers backend replaces it with a
-real model.
+The engine's tests run on it; the transformers backend replaces it with a real model. It lives in tests/
+(not in kvbench.adapters) because nothing a user installs runs it.
 """
 
 from __future__ import annotations

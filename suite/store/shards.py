@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
-from kvbench.results.records import SAMPLE_SCHEMA, SampleRecord
+from kvbench.store.atomic import atomic_write
+from kvbench.store.records import SAMPLE_SCHEMA, SampleRecord
 
 
 def problem_key(problem_id: str) -> str:
@@ -77,18 +77,6 @@ def read_records(path: Path) -> list[SampleRecord]:
     return [SampleRecord(**_parsed(row)) for row in upgrade(pq.read_table(path)).to_pylist()]
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
-
-
 def read_shard(path: Path) -> pa.Table | str:
     """A shard's rows in the current schema, or why it cannot be used."""
     try:
@@ -104,12 +92,6 @@ def read_shard(path: Path) -> pa.Table | str:
         return upgrade(table)
     except (pa.ArrowException, pydantic.ValidationError, json.JSONDecodeError, TypeError) as exc:
         return f"does not hold samples of a known schema ({str(exc).splitlines()[0]})"
-
-
-def shard_problem(path: Path) -> str | None:
-    """Why a shard cannot be used, or None when it reads back whole with the samples schema."""
-    read = read_shard(path)
-    return read if isinstance(read, str) else None
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -137,7 +119,7 @@ class ShardStore:
         path = self.shard(problem_id)
         if not path.is_file():
             return False
-        if shard_problem(path) is not None:
+        if isinstance(read_shard(path), str):  # why it cannot be used
             os.replace(path, path.with_name(path.name + ".damaged"))
             return False
         return True
@@ -147,8 +129,8 @@ class ShardStore:
         if path.is_file() and read_manifest(path) is not None:
             return
         manifest = {"run_id": self.run_id, "spec": record, "created": time.time(), **extra}
-        _atomic_write(path, lambda temp: Path(temp).write_text(json.dumps(manifest, indent=2, default=str)))
+        atomic_write(path, lambda temp: temp.write_text(json.dumps(manifest, indent=2, default=str)))
 
     def write(self, problem_id: str, records: Sequence[SampleRecord]) -> None:
         table = pa.Table.from_pylist([r.row() for r in records], schema=SAMPLE_SCHEMA)
-        _atomic_write(self.shard(problem_id), lambda temp: pq.write_table(table, temp))
+        atomic_write(self.shard(problem_id), lambda temp: pq.write_table(table, temp))

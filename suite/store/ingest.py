@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ import duckdb
 import pyarrow as pa
 
 from kvbench.errors import PrerequisiteError
-from kvbench.results.records import (
+from kvbench.store.atomic import atomic_write
+from kvbench.store.records import (
     SAMPLE_KEY,
     SCHEMA_VERSION,
     RunRecord,
@@ -30,10 +32,16 @@ from kvbench.results.records import (
     arrow_schema,
     table_ddl,
 )
-from kvbench.runner.store import read_manifest, read_shard
+from kvbench.store.shards import read_manifest, read_shard
 
 DATABASE = "kvbench.duckdb"
-SNAPSHOT = "kvbench.snapshot.duckdb"
+
+
+def snapshot_of(database: Path) -> Path:
+    """The copy of ``database`` published after each write, which readers open (read-only), so that they
+    never hold a lock a writer needs."""
+    return database.with_name(f"{database.stem}.snapshot{database.suffix}")
+
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -58,7 +66,6 @@ class IngestReport:
     files: int
     database: Path
     snapshot: Path
-    """The copy readers open (read-only), so that they never hold a lock a writer needs."""
 
 
 def _fingerprint(path: Path) -> str:
@@ -156,6 +163,70 @@ def _read_all(manifests: dict[Path, dict | None], shards: list[Path]) -> tuple[l
     return tables, bad
 
 
+@contextmanager
+def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """One transaction on ``database`` with ``schema``'s tables created and its record schema checked
+    (``fix`` says what to do about another): committed and checkpointed when the block ends, else rolled
+    back, so that a failed write leaves the database as it was. Hold the writer lock around it."""
+    con = duckdb.connect(str(database))
+    try:
+        con.execute("BEGIN TRANSACTION")
+        con.execute(schema)
+        found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if found is not None and found[0] != str(SCHEMA_VERSION):
+            raise PrerequisiteError(
+                f"{database} has record schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: {fix}"
+            )
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        yield con
+        con.execute("COMMIT")
+        con.execute("CHECKPOINT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
+            con.execute("ROLLBACK")
+        raise
+    finally:
+        con.close()
+
+
+def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path], fresh: bool = False) -> int:
+    """Every manifest and every shard not yet in ``database`` merged into it, in one transaction; how many
+    shard files were new. ``fresh``: ``database`` is an empty file to build anew."""
+    shard_root = root / "shards"
+    if fresh:
+        database.unlink()  # DuckDB creates its file itself
+    fix = f"the shards are the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
+    with transaction(database, SCHEMA, fix) as con:
+        done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
+        seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
+        new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
+        read = {path: read_manifest(path) for path in manifests}  # each manifest is read once
+        tables, bad = _read_all(read, new)
+        if bad:
+            raise PrerequisiteError(
+                f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "
+                + "\n  ".join(bad)
+                + "\nDelete (or move away) each damaged shard and run the same `kvbench run` again: it "
+                "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
+            )
+        runs = [RunRecord.from_manifest(m).row() for m in read.values() if m is not None]
+        if runs:
+            con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
+            con.execute("INSERT OR IGNORE INTO runs BY NAME SELECT * FROM new_runs")
+        if new:
+            # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
+            # an older schema is upgraded as it is read
+            con.register("new_samples", pa.concat_tables(tables))
+            con.execute("INSERT OR REPLACE INTO samples BY NAME SELECT * FROM new_samples")
+            con.executemany(
+                "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
+                [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
+            )
+        _ingest_bench(con, root)
+        _ingest_analyses(con, root)
+    return len(new)
+
+
 def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     """Merge every shard under ``root/shards`` into ``root/kvbench.duckdb`` and publish a snapshot.
 
@@ -165,62 +236,14 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     read) beside the old one, which it replaces only once the new one is complete.
     """
     shard_root = root / "shards"
+    database = root / DATABASE
     with writer_lock(root):
         manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
         files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
-        database = root / (f".rebuild.{DATABASE}" if rebuild else DATABASE)
-        if rebuild:
-            database.unlink(missing_ok=True)
-        con = duckdb.connect(str(database))
-        try:
-            con.execute("BEGIN TRANSACTION")
-            con.execute(SCHEMA)
-            found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if found is not None and found[0] != str(SCHEMA_VERSION):
-                raise PrerequisiteError(
-                    f"{database} has schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: the shards are "
-                    f"the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
-                )
-            done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
-            seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
-            new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
-            read = {path: read_manifest(path) for path in manifests}  # each manifest is read once
-            tables, bad = _read_all(read, new)
-            if bad:
-                raise PrerequisiteError(
-                    f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "
-                    + "\n  ".join(bad)
-                    + "\nDelete (or move away) each damaged shard and run the same `kvbench run` again: it "
-                    "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
-                )
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            runs = [RunRecord.from_manifest(m).row() for m in read.values() if m is not None]
-            if runs:
-                con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
-                con.execute("INSERT OR IGNORE INTO runs BY NAME SELECT * FROM new_runs")
-            if new:
-                # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
-                # an older schema is upgraded as it is read
-                con.register("new_samples", pa.concat_tables(tables))
-                con.execute("INSERT OR REPLACE INTO samples BY NAME SELECT * FROM new_samples")
-                con.executemany(
-                    "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
-                    [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
-                )
-            _ingest_bench(con, root)
-            _ingest_analyses(con, root)
-            con.execute("COMMIT")
-            con.execute("CHECKPOINT")
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
-                con.execute("ROLLBACK")
-            raise
-        finally:
-            con.close()
-        if rebuild:
-            os.replace(database, root / DATABASE)
-            database = root / DATABASE
-        staging = root / f".{SNAPSHOT}.tmp"
-        shutil.copyfile(database, staging)
-        os.replace(staging, root / SNAPSHOT)
-    return IngestReport(runs=len(manifests), files=len(new), database=database, snapshot=root / SNAPSHOT)
+        if rebuild:  # a new database from every shard, which replaces the old one only once complete
+            new: list[int] = []
+            atomic_write(database, lambda temp: new.append(_merge(temp, root, manifests, files, fresh=True)))
+        else:
+            new = [_merge(database, root, manifests, files)]
+        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
+    return IngestReport(runs=len(manifests), files=new[0], database=database, snapshot=snapshot_of(database))

@@ -1,0 +1,1 @@
+"""How results are written and read: atomic writes, the record, shard and manifest formats, ingest."""
