@@ -195,10 +195,10 @@ def test_spec_rules_for_an_lm_eval_source(lm_eval_dir: Path, tmp_path: Path) -> 
 
 def test_an_lm_eval_task_graded_by_kvbenchs_math_grader(lm_eval_dir: Path) -> None:
     from kvbench.graders.registry import make_grader
-    from kvbench.specs.task_data import load_problems
+    from kvbench.runner.sources import task_source
 
     task = load_task(lm_eval_dir / "tasks" / "kvb-letters.yaml")
-    problems = load_problems(task, limit=3)
+    problems = task_source(task).problems(task, None, 3, None, None)
     assert [p.gold["answer"] for p in problems] == [str(len(w)) for w in WORDS[:3]]
     assert problems[0].prompt == "How many letters are in the word apple?\nAnswer:"
     assert problems[0].stop == ("\n\n",)
