@@ -362,10 +362,10 @@ def print_task_groups(
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from kvbench.runner.sources import task_source
+    from kvbench.runner.sources import resolved_task
     from kvbench.specs.validate import validate_paths
 
-    checked = validate_paths(args.path, check_task=lambda task: task_source(task).resolve(task))
+    checked = validate_paths(args.path, check_task=resolved_task)
     for kind, name in checked:
         print(f"ok\t{kind}\t{name}")
     return 0

@@ -19,7 +19,7 @@ from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
 from kvbench.graders.registry import sandboxed
 from kvbench.registry import make_policy, policy_record
-from kvbench.runner.sources import task_source
+from kvbench.runner.sources import resolved_task, task_source
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
@@ -319,7 +319,7 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.dtype is not None:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
-    tasks = [task_source(task).resolve(task) for task in map(load_task, request.tasks or suite.tasks)]
+    tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
     _check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}

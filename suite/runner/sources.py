@@ -69,3 +69,8 @@ def task_source(task: TaskSpec) -> TaskSource:
     """The source of a task, by its ``source.kind``."""
     module, name = SOURCES[task.source.kind].split(":")
     return getattr(importlib.import_module(module), name)()
+
+
+def resolved_task(task: TaskSpec) -> TaskSpec:
+    """The task as it runs, its source's defaults filled in (an lm-eval task is loaded and checked)."""
+    return task_source(task).resolve(task)

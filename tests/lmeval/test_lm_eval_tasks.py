@@ -212,8 +212,11 @@ def test_an_lm_eval_task_graded_by_kvbenchs_math_grader(lm_eval_dir: Path) -> No
 
 
 def test_validate_loads_the_lm_eval_task_behind_a_spec(lm_eval_dir: Path) -> None:
+    from kvbench.runner.sources import resolved_task
     from kvbench.specs.validate import validate_paths
 
-    assert validate_paths(lm_eval_dir / "tasks" / "kvb-echo.yaml") == [("task", "kvb-echo")]
+    assert validate_paths(lm_eval_dir / "tasks" / "kvb-echo.yaml", check_task=resolved_task) == [
+        ("task", "kvb-echo")
+    ]
     with pytest.raises(SpecError, match=r"kvb-shuffled.*different order or content"):
-        validate_paths(lm_eval_dir / "tasks" / "kvb-shuffled.yaml")
+        validate_paths(lm_eval_dir / "tasks" / "kvb-shuffled.yaml", check_task=resolved_task)
