@@ -82,11 +82,13 @@ mutants: venv
 		--runner "$(abspath $(BIN))/python -m pytest -x -q -p no:cacheprovider $(MUTANT_TESTS)"
 	.mutmut-venv/bin/mutmut results
 
-# mypy over the package as Python imports it (tools/typecheck.py lays out pyproject's package-dir mapping).
+# mypy over the package as Python imports it (tools/typecheck.py lays out pyproject's package-dir mapping),
+# and import-linter's contracts (pyproject.toml: the layers of DESIGN.md section 9, no cycles) likewise.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/typecheck.py
+	$(BIN)/python tools/importlint.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info

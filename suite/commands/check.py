@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from kvbench.commands.common import console
+
+if TYPE_CHECKING:
+    from kvbench.results.check import CellResult
+    from kvbench.runner.plan import Cell
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -42,7 +48,6 @@ def check_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
     from kvbench.provenance import provenance
     from kvbench.results.check import (
-        collect,
         compare_with_reference,
         environment_changes,
         read_reference,
@@ -119,6 +124,56 @@ def check_command(args: argparse.Namespace) -> int:
         + f"; reference written {manifest.get('written')} at commit {(manifest.get('git') or {}).get('sha')}"
     )
     return 1 if failed else 0
+
+
+def cell_key(cell: Cell) -> str:
+    """model/task/protocol/policy{params}/role@K: how a cell is matched with its reference."""
+    params = json.dumps(cell.policy.params(), sort_keys=True, default=str, separators=(",", ":"))
+    budget = "full" if cell.role == "reference" else str(cell.budget)
+    where = f"{cell.model.name}/{cell.task.name}/{cell.protocol.name}"
+    return f"{where}/{cell.policy.name}{params}/{cell.role}@{budget}"
+
+
+def code_hash(cell: Cell) -> str:
+    """sha256 of the policy's source file: outputs that change with the same code are a regression."""
+    source = Path(inspect.getfile(type(cell.policy)))
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+
+
+def collect(cells: list[Cell], database: Path) -> list[CellResult]:
+    """Every cell's result from the database; a cell without samples is an error (it did not run). Here,
+    beside the runner's cells, so that results never import the runner."""
+    import duckdb
+
+    from kvbench.errors import PrerequisiteError
+    from kvbench.results.check import CellResult, outputs_digest
+    from kvbench.results.stats import bootstrap_mean
+    from kvbench.results.summary import summarize
+
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        summaries = summarize(con, [c.run_id for c in cells])
+        results = []
+        for cell in cells:
+            summary = summaries[cell.run_id]
+            if not summary.samples:
+                raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
+            score = bootstrap_mean(list(summary.scores.values()))
+            results.append(
+                CellResult(
+                    cell_key(cell),
+                    cell.run_id,
+                    score.value,
+                    score.low,
+                    score.high,
+                    summary.scores,
+                    outputs_digest(con, cell.run_id),
+                    code_hash(cell),
+                )
+            )
+        return results
+    finally:
+        con.close()
 
 
 def _estimate(result) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from kvbench.commands.common import console
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
+    from kvbench.results.comparison import ArmResult
     from kvbench.results.report import ReportRow
     from kvbench.runner.executor import Executor
     from kvbench.runner.plan import Cell, RunRequest
@@ -142,7 +144,7 @@ def _estimate(e, signed: bool = False) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kvbench.results.report import as_dicts, build_report
+    from kvbench.results.report import as_dicts
     from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import plan
     from kvbench.store.ingest import ingest
@@ -209,6 +211,64 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         device=args.device,
         dtype=args.dtype,
         attention=args.attention,
+    )
+
+
+def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
+    """One row per cell, in the cells' order; each (model, task, budget) is one table of the builder. Here,
+    beside the runner's cells, so that results never import the runner."""
+    import duckdb
+
+    from kvbench.results.comparison import compare_table, stored_runs
+    from kvbench.results.summary import summarize
+
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        runs = {r.run_id: r for r in stored_runs(con, run_ids=[c.run_id for c in cells])}
+        summaries = summarize(con, list(runs))
+    finally:
+        con.close()
+    results: dict[str, ArmResult] = {}
+    tables: dict[tuple[str, str, int | None], None] = dict.fromkeys(
+        (c.model.name, c.task.name, c.budget) for c in cells if c.role != "reference"
+    )
+    # a full cache run without policies beside it is a table of its own
+    tables.update(dict.fromkeys((c.model.name, c.task.name, None) for c in cells if c.role == "reference"))
+    for model, task, budget in tables:
+        table = [
+            runs[c.run_id]
+            for c in cells
+            if (c.model.name, c.task.name) == (model, task)
+            and (c.role == "reference" or (budget is not None and c.budget == budget))
+        ]
+        for arm in compare_table(table, summaries, tasks=(task,)):
+            run = arm.runs[task]
+            if run.role != "reference" or run.run_id not in results:  # the full cache: its first table
+                results[run.run_id] = arm
+    return [_row(cell, results[cell.run_id]) for cell in cells]
+
+
+def _row(cell: Cell, arm: ArmResult) -> ReportRow:
+    from kvbench.results.report import ReportRow
+
+    return ReportRow(
+        model=cell.model.name,
+        task=cell.task.name,
+        metric=cell.task.metric,
+        policy=cell.policy.name,
+        role=cell.role,
+        budget=cell.budget,
+        k_over_n_avg=arm.k_over_n_avg,
+        score=arm.score,
+        vs_null=arm.vs_baseline,
+        vs_full=arm.vs_full,
+        problems=arm.score.problems,
+        samples=cell.samples,
+        strict=arm.strict,
+        truncation_rate=arm.truncation_rate,
+        no_answer_rate=arm.no_answer_rate,
+        mean_generated_tokens=arm.mean_generated_tokens,
+        null_test=arm.test,
     )
 
 
@@ -303,9 +363,10 @@ def print_task_groups(
 
 
 def validate_command(args: argparse.Namespace) -> int:
+    from kvbench.runner.sources import resolved_task
     from kvbench.specs.validate import validate_paths
 
-    checked = validate_paths(args.path)
+    checked = validate_paths(args.path, check_task=resolved_task)
     for kind, name in checked:
         print(f"ok\t{kind}\t{name}")
     return 0

@@ -33,6 +33,7 @@ from kvbench.core.schedule import Schedule
 from kvbench.core.seeding import sample_seed, stable_seed
 from kvbench.errors import BudgetError, PrerequisiteError, SpecError
 from kvbench.lmeval.settings import EvictionSettings
+from kvbench.lmeval.tasks import task_sampling
 
 logger = logging.getLogger(__name__)
 SAMPLING_KEYS = {"do_sample", "temperature", "top_p", "top_k"}
@@ -274,10 +275,7 @@ def _sampling(kwargs: dict[str, Any], request: Any) -> Sampling:
             f"decode loop (it follows until, max_gen_toks, {', '.join(sorted(SAMPLING_KEYS))}); remove them "
             "with --gen_kwargs or the task's generation_kwargs"
         )
-    temperature = float(kwargs.get("temperature") or 0.0)
-    if not kwargs.get("do_sample") or temperature <= 0:
-        return Sampling()
-    return Sampling(temperature, float(kwargs.get("top_p", 1.0) or 1.0), int(kwargs.get("top_k", 0) or 0))
+    return task_sampling(kwargs)
 
 
 def _totals(requests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,12 +16,15 @@ import functools
 import hashlib
 import json
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbench.errors import PrerequisiteError, SpecError
 from kvbench.specs.loading import with_overrides
 from kvbench.specs.task import LmEvalSource, TaskSpec
 from kvbench.specs.task_data import Problem
+
+if TYPE_CHECKING:
+    from kvbench.adapters.base import Sampling
 
 LM_EVAL_SEEDS = {"random": 0, "numpy": 1234, "torch": 1234}
 """The global seeds lm-eval's own evaluator sets before it builds tasks (its defaults), set here too, so
@@ -186,18 +189,9 @@ class LoadedTask:
         ``sampling: task``) its sampling; the gold is the document, graded by the task's own metric."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
-        from kvbench.adapters.base import Sampling
-
         kwargs = normalize_gen_kwargs(self.generation)
         until = kwargs.get("until") or []
-        sampling = None
-        if self.source.sampling == "task":
-            temperature = float(kwargs.get("temperature") or 0.0)
-            sampling = (
-                Sampling(temperature, float(kwargs.get("top_p") or 1.0), int(kwargs.get("top_k") or 0))
-                if kwargs.get("do_sample") and temperature > 0
-                else Sampling()
-            )
+        sampling = task_sampling(kwargs) if self.source.sampling == "task" else None
         problems = []
         for doc_id, doc in self.task.doc_iterator(limit=limit):
             context = self.task.fewshot_context(doc, num_fewshot=self.num_fewshot or 0)
@@ -234,6 +228,16 @@ class LoadedTask:
         filtered = request.filtered_resps[self.filter.name]
         metrics = self.task.process_results(doc, [filtered])
         return {"filtered": filtered, "metrics": {k: _plain(v) for k, v in metrics.items()}}
+
+
+def task_sampling(kwargs: dict[str, Any]) -> Sampling:
+    """lm-eval's generation arguments as kvbench's sampling: greedy unless ``do_sample`` with T > 0."""
+    from kvbench.adapters.base import Sampling
+
+    temperature = float(kwargs.get("temperature") or 0.0)
+    if not kwargs.get("do_sample") or temperature <= 0:
+        return Sampling()
+    return Sampling(temperature, float(kwargs.get("top_p") or 1.0), int(kwargs.get("top_k") or 0))
 
 
 def resolved_spec(spec: TaskSpec) -> TaskSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kvbench.core.seeding import stable_seed
 from kvbench.probes.filler import filler_tokens
@@ -35,6 +35,10 @@ class ProbeProblem:
     problem_id: str
     stub: str
     pieces: tuple[Piece, ...]
+
+    def encoded(self, backend: Any) -> list[int]:
+        """The stub's token ids on ``backend`` (the prompt, before the teacher-forced continuation)."""
+        return backend.prompt_ids(self.stub)
 
     def token_pieces(self, encode: Callable[[str], list[int]]) -> list[tuple[Role, list[int]]]:
         return [(piece.role, encode(piece.text)) for piece in self.pieces]

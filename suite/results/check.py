@@ -25,7 +25,6 @@ hardware, git commit and date.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import time
@@ -35,10 +34,7 @@ from typing import Any, Literal
 
 import duckdb
 
-from kvbench.errors import PrerequisiteError, SpecError
-from kvbench.results.stats import bootstrap_mean
-from kvbench.results.summary import summarize
-from kvbench.runner.plan import Cell
+from kvbench.errors import SpecError
 
 FORMAT_VERSION = 2
 
@@ -87,18 +83,6 @@ class Finding:
     detail: str = ""
 
 
-def cell_key(cell: Cell) -> str:
-    params = json.dumps(cell.policy.params(), sort_keys=True, default=str, separators=(",", ":"))
-    budget = "full" if cell.role == "reference" else str(cell.budget)
-    where = f"{cell.model.name}/{cell.task.name}/{cell.protocol.name}"
-    return f"{where}/{cell.policy.name}{params}/{cell.role}@{budget}"
-
-
-def code_hash(cell: Cell) -> str:
-    source = Path(inspect.getfile(type(cell.policy)))
-    return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-
-
 _OUTPUTS = """
 SELECT problem_id, sample, metric, correct, strict_correct, finish_reason, generated_tokens, evictions,
        output, secondary, no_answer, grader_version, answer_logprob, kl_to_full, needle_survival,
@@ -108,34 +92,6 @@ FROM samples WHERE run_id = ? ORDER BY problem_id, sample
 # The measurements that have their own columns, under the names the digest has always used for them
 # (they were keys of `secondary` until schema 5): the reference's digests stay comparable.
 _MEASURED = ("no_answer", "grader", "answer_logprob", "kl_to_full", "needle_survival", "needle_whole_layers")
-
-
-def collect(cells: list[Cell], database: Path) -> list[CellResult]:
-    """Every cell's result from the database; a cell without samples is an error (it did not run)."""
-    con = duckdb.connect(str(database), read_only=True)
-    try:
-        summaries = summarize(con, [c.run_id for c in cells])
-        results = []
-        for cell in cells:
-            summary = summaries[cell.run_id]
-            if not summary.samples:
-                raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
-            score = bootstrap_mean(list(summary.scores.values()))
-            results.append(
-                CellResult(
-                    cell_key(cell),
-                    cell.run_id,
-                    score.value,
-                    score.low,
-                    score.high,
-                    summary.scores,
-                    outputs_digest(con, cell.run_id),
-                    code_hash(cell),
-                )
-            )
-        return results
-    finally:
-        con.close()
 
 
 def outputs_digest(con: duckdb.DuckDBPyConnection, run_id: str) -> str:

@@ -12,31 +12,24 @@ from kvbench.adapters.base import Backend, ended, find_adapter
 from kvbench.core.seeding import sample_seed
 from kvbench.errors import BudgetError
 from kvbench.graders.registry import Grader, make_grader
-from kvbench.probes.problems import ProbeProblem
 from kvbench.provenance import provenance
 from kvbench.runner.executor import Prepared, Unit, UnitResult
-from kvbench.runner.generation_units import score_generation
 from kvbench.runner.plan import Cell
-from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
+from kvbench.runner.sources import task_source
 from kvbench.store.records import SampleRecord
 
 
 def cell_problems(cell: Cell, backend: Backend) -> list:
-    """The problems of a cell's task: generated probes, or dataset rows (hub or --data)."""
-    if cell.task.source.kind == "probe":
-        return probe_problems(cell, backend)
-    from kvbench.specs.task_data import load_problems
-
-    if cell.data is None:
-        return load_problems(cell.task, None, cell.limit)
-    return load_problems(
-        cell.task, Path(cell.data), cell.limit, fingerprint=cell.spec.data.sha256 if cell.spec.data else None
+    """The problems of a cell's task, from its source: dataset rows (hub or --data), probes, documents."""
+    data, fingerprint = (
+        (None, None)
+        if cell.data is None
+        else (Path(cell.data), cell.spec.data.sha256 if cell.spec.data else None)
     )
+    return task_source(cell.task).problems(cell.task, backend, cell.limit, data, fingerprint)
 
 
 def prompt_length(problem, backend: Backend) -> int:
-    if isinstance(problem, ProbeProblem):
-        return len(encode_problem(problem, backend)[0])
     return len(problem.encoded(backend))
 
 
@@ -57,17 +50,7 @@ def score_unit(cell: Cell, backend: Backend, problem, calibration, graders: Grad
     seeds = [
         sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
     ]
-    if cell.task.source.kind == "probe":
-        return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
-    return score_generation(
-        cell,
-        backend,
-        problem,
-        seeds,
-        run_id=cell.run_id,
-        calibration=calibration,
-        grader=graders[cell.task.grader],
-    )
+    return task_source(cell.task).score(cell, backend, problem, seeds, calibration, graders)
 
 
 class Replica:

@@ -7,16 +7,47 @@ length, eviction count. A private task's output text is never stored; only its p
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.registry import Grader
 from kvbench.runner.budgets import budget_fields
 from kvbench.runner.graded import graded_fields
 from kvbench.runner.plan import Cell
-from kvbench.specs.task_data import Problem
+from kvbench.runner.sources import TaskSource
+from kvbench.specs.task import TaskSpec
+from kvbench.specs.task_data import Problem, load_problems
 from kvbench.store.records import SampleRecord
 from kvbench.store.shards import problem_key
+
+if TYPE_CHECKING:
+    from kvbench.runner.execute import Graders
+
+
+class HubSource(TaskSource):
+    """A hub dataset's rows (or a --data copy of them) as problems; each is decoded, then graded."""
+
+    local_data = True
+
+    def problems(
+        self, task: TaskSpec, backend: Any, limit: int | None, data: Path | None, fingerprint: str | None
+    ) -> list[Problem]:
+        return load_problems(task, data, limit, fingerprint)
+
+    def score(
+        self,
+        cell: Cell,
+        backend: Backend,
+        problem: Problem,
+        seeds: list[int],
+        calibration: Any,
+        graders: Graders,
+    ) -> list[SampleRecord]:
+        grader = graders[cell.task.grader]
+        return score_generation(
+            cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration, grader=grader
+        )
 
 
 def score_generation(

@@ -18,6 +18,7 @@ from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
 from kvbench.graders.registry import sandboxed
 from kvbench.registry import make_policy, policy_record
+from kvbench.runner.sources import resolved_task, task_source
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
@@ -171,10 +172,7 @@ def make_cell(
     }
     if measurement is not None:
         resolved["n_avg_measurement"] = measurement
-    if task.source.kind == "lm-eval":  # lm-eval's version, the task's version, config and documents
-        from kvbench.lmeval.tasks import loaded
-
-        resolved["lm_eval"] = loaded(task).identity()
+    resolved |= task_source(task).identity(task)  # e.g. lm-eval's version, the task's config and documents
     if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
         from kvbench.specs.task_data import data_fingerprint
 
@@ -230,16 +228,6 @@ def _one_spec_per_name(models: list[ModelSpec]) -> None:
             )
 
 
-def _with_lm_eval(task: TaskSpec) -> TaskSpec:
-    """An lm-eval-sourced task with its generation length and samples taken from lm-eval where the YAML
-    leaves them (before any command-line override)."""
-    if task.source.kind != "lm-eval":
-        return task
-    from kvbench.lmeval.tasks import resolved_spec
-
-    return resolved_spec(task)
-
-
 def _check_code_execution(tasks: list[TaskSpec], allowed: bool) -> None:
     """Tasks that run model-written code need the user's consent and a working sandbox, checked before
     any model loads: no weaker sandbox exists to fall back to."""
@@ -277,7 +265,7 @@ def _budgets(
         rule = protocol.budget if ratio is None else protocol.budget.model_copy(update={"ratio": ratio})
         if rule.fixed is not None:
             budgets.append((rule.fixed, None, False))
-        elif task.source.kind != "probe":
+        elif task_source(task).measured_n_avg:
             estimate = 0 if n_avg is None else rule.budget(n_avg, protocol.buffer)
             budgets.append((estimate, rule.ratio, True))
         elif n_avg is None:
@@ -328,7 +316,7 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.dtype is not None:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
-    tasks = [_with_lm_eval(load_task(t)) for t in (request.tasks or suite.tasks)]
+    tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
     _check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}
@@ -336,7 +324,7 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.samples is not None:  # validated as the task field; recorded as the cell's samples
         for task in tasks:
             with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
-    if request.data is not None and (len(tasks) != 1 or tasks[0].source.kind != "hub-dataset"):
+    if request.data is not None and (len(tasks) != 1 or not task_source(tasks[0]).local_data):
         raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
     policies = [make_policy(p) for p in (request.policies or suite.policies)]
     ratios: list[float | None] = [request.ratio] if request.ratio is not None else [None]
@@ -415,7 +403,7 @@ def check_capabilities(cells: list[Cell]) -> None:
             offered = ", ".join(provided)
             for value in sorted(asked - set(provided)):
                 problems.append(f"{what} {value!r}: the {adapter.name} adapter provides {offered}")
-        for task in dict.fromkeys(c.task.name for c in here if c.task.source.kind == "probe"):
+        for task in dict.fromkeys(c.task.name for c in here if task_source(c.task).teacher_forced):
             if not can.teacher_forcing:
                 problems.append(
                     f"task {task!r} is a teacher-forced probe, which the {adapter.name} adapter cannot run"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,8 +13,43 @@ from kvbench.core.engine import PinnedSlots
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
+from kvbench.runner.sources import TaskSource
+from kvbench.specs.task import TaskSpec
 from kvbench.store.records import SampleRecord
 from kvbench.store.shards import problem_key
+
+if TYPE_CHECKING:
+    from kvbench.runner.execute import Graders
+
+
+class ProbeTaskSource(TaskSource):
+    """Generated probes (passkey, planted fact, fidelity), teacher-forced; N_avg is their trace length."""
+
+    teacher_forced = True
+    measured_n_avg = False
+
+    def problems(
+        self,
+        task: TaskSpec,
+        backend: Backend | None,
+        limit: int | None,
+        data: Path | None,
+        fingerprint: str | None,
+    ) -> list[ProbeProblem]:
+        if backend is None:
+            raise TypeError(f"task {task.name!r}: probes are laid out in tokens, so they need a backend")
+        return make_probe_problems(task.probe, limit, backend.encode)
+
+    def score(
+        self,
+        cell: Cell,
+        backend: Backend,
+        problem: ProbeProblem,
+        seeds: list[int],
+        calibration: Any,
+        graders: Graders,
+    ) -> list[SampleRecord]:
+        return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
 
 
 def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:
@@ -45,7 +81,7 @@ def encode_problem(
     problem: ProbeProblem, backend: Backend
 ) -> tuple[list[int], list[int], dict[str, list[int]]]:
     """Prompt ids, continuation ids, and the continuation offsets of each role's tokens."""
-    prompt = backend.prompt_ids(problem.stub)
+    prompt = problem.encoded(backend)
     continuation: list[int] = []
     where: dict[str, list[int]] = {}
     for role, ids in problem.token_pieces(backend.encode):

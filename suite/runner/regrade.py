@@ -14,8 +14,8 @@ from pathlib import Path
 from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
 from kvbench.runner.graded import graded_fields
+from kvbench.runner.sources import task_source
 from kvbench.specs.resolved import ResolvedSpec
-from kvbench.specs.task_data import load_problems
 from kvbench.store.shards import ShardStore, read_records
 
 
@@ -53,7 +53,7 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
         Sandbox().check()
     grader = make_grader(task.grader)
     data = Path(spec.data.path) if spec.data is not None else None
-    problems = {p.problem_id: p for p in load_problems(task, data)}
+    problems = {p.problem_id: p for p in task_source(task).problems(task, None, None, data, None)}
     thinking = manifest.get("thinking")
     if thinking is None:  # a run from before model specs said whether they think: the families that did
         thinking = spec.model.family in ("qwen3", "phi4-reasoning")

@@ -101,14 +101,6 @@ def load_problems(
 ) -> list[Problem]:
     """The task's problems (at most ``limit``); with ``data``, from that local copy, which must still have
     ``fingerprint`` (the one the run's identity recorded) when one is given."""
-    if task.source.kind == "lm-eval":
-        if data is not None:
-            raise SpecError(
-                f"task {task.name!r} reads an lm-eval task, whose YAML names its data: --data does not apply"
-            )
-        from kvbench.lmeval.tasks import loaded
-
-        return loaded(task).problems(limit)
     source = task.dataset
     fields = source.fields
     problems = []

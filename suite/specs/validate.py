@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvbench.errors import KvbenchError, SpecError
 from kvbench.registry import make_policy
@@ -55,7 +57,11 @@ def _kind_of(path: Path) -> str:
     )
 
 
-def validate_paths(path: Path | None) -> list[tuple[str, str]]:
+def validate_paths(
+    path: Path | None, check_task: Callable[[TaskSpec], Any] = lambda task: task
+) -> list[tuple[str, str]]:
+    """Every spec (under ``path``, or every known one) loaded and checked; ``check_task`` also checks each
+    task file with what its source loads (the caller's: lm-eval's tasks are above the specs)."""
     checked: list[tuple[str, str]] = []
     if path is None:
         for name in model_names():
@@ -79,10 +85,8 @@ def validate_paths(path: Path | None) -> list[tuple[str, str]]:
         spec: ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec = (
             load_task(file) if kind == "tasks" else load_spec(file, KINDS[kind])
         )
-        if isinstance(spec, TaskSpec) and spec.source.kind == "lm-eval":
-            from kvbench.lmeval.tasks import loaded
-
-            loaded(spec)  # the lm-eval task loads, and kvbench can score it (metric, filter, documents)
+        if isinstance(spec, TaskSpec):
+            check_task(spec)  # an lm-eval task loads, and kvbench can score it (metric, filter, documents)
         if isinstance(spec, SuiteSpec):
             _check_suite(spec)
         if isinstance(spec, ProtocolSpec):

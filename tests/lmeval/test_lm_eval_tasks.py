@@ -195,10 +195,10 @@ def test_spec_rules_for_an_lm_eval_source(lm_eval_dir: Path, tmp_path: Path) -> 
 
 def test_an_lm_eval_task_graded_by_kvbenchs_math_grader(lm_eval_dir: Path) -> None:
     from kvbench.graders.registry import make_grader
-    from kvbench.specs.task_data import load_problems
+    from kvbench.runner.sources import task_source
 
     task = load_task(lm_eval_dir / "tasks" / "kvb-letters.yaml")
-    problems = load_problems(task, limit=3)
+    problems = task_source(task).problems(task, None, 3, None, None)
     assert [p.gold["answer"] for p in problems] == [str(len(w)) for w in WORDS[:3]]
     assert problems[0].prompt == "How many letters are in the word apple?\nAnswer:"
     assert problems[0].stop == ("\n\n",)
@@ -212,8 +212,11 @@ def test_an_lm_eval_task_graded_by_kvbenchs_math_grader(lm_eval_dir: Path) -> No
 
 
 def test_validate_loads_the_lm_eval_task_behind_a_spec(lm_eval_dir: Path) -> None:
+    from kvbench.runner.sources import resolved_task
     from kvbench.specs.validate import validate_paths
 
-    assert validate_paths(lm_eval_dir / "tasks" / "kvb-echo.yaml") == [("task", "kvb-echo")]
+    assert validate_paths(lm_eval_dir / "tasks" / "kvb-echo.yaml", check_task=resolved_task) == [
+        ("task", "kvb-echo")
+    ]
     with pytest.raises(SpecError, match=r"kvb-shuffled.*different order or content"):
-        validate_paths(lm_eval_dir / "tasks" / "kvb-shuffled.yaml")
+        validate_paths(lm_eval_dir / "tasks" / "kvb-shuffled.yaml", check_task=resolved_task)

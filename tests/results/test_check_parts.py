@@ -11,13 +11,11 @@ import duckdb
 import pytest
 
 import kvbench
+from kvbench.commands.check import cell_key, code_hash, collect
 from kvbench.errors import PrerequisiteError, SpecError
 from kvbench.results.check import (
     FORMAT_VERSION,
     CellResult,
-    cell_key,
-    code_hash,
-    collect,
     read_reference,
     reference_path,
     write_reference,
