@@ -129,7 +129,8 @@ def check_command(args: argparse.Namespace) -> int:
 def cell_key(cell: Cell) -> str:
     """model/task/protocol/policy{params}/role@K: how a cell is matched with its reference."""
     params = json.dumps(cell.policy.params(), sort_keys=True, default=str, separators=(",", ":"))
-    budget = "full" if cell.role == "reference" else str(cell.budget)
+    # the full cache serves every K unless its scores depend on K (fidelity): then it carries its K
+    budget = "full" if cell.spec.budget is None else str(cell.budget)
     where = f"{cell.model.name}/{cell.task.name}/{cell.protocol.name}"
     return f"{where}/{cell.policy.name}{params}/{cell.role}@{budget}"
 
@@ -147,8 +148,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
 
     from kvbench.errors import PrerequisiteError
     from kvbench.results.check import CellResult, outputs_digest
+    from kvbench.results.pairing import null_of, reference_of
     from kvbench.results.stats import bootstrap_mean
     from kvbench.results.summary import summarize
+    from kvbench.specs.resolved import Role
 
     con = duckdb.connect(str(database), read_only=True)
     try:
@@ -159,6 +162,7 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             if not summary.samples:
                 raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
             score = bootstrap_mean(list(summary.scores.values()))
+            null, full = (find(cell.spec, cells, lambda c: c.spec) for find in (null_of, reference_of))
             results.append(
                 CellResult(
                     cell_key(cell),
@@ -169,6 +173,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
                     summary.scores,
                     outputs_digest(con, cell.run_id),
                     code_hash(cell),
+                    *(
+                        cell_key(c) if c is not None and cell.role == Role.POLICY else None
+                        for c in (null, full)
+                    ),
                 )
             )
         return results

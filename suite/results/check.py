@@ -14,6 +14,8 @@ Each cell (model, task, policy with its parameters, role, budget) is compared wi
   reference's (a fresh venv may resolve newer libraries); the differences are named.
 - **changed with its code** (reported): the policy's source changed, and so did its outputs, within
   the tolerance (or upwards).
+- **pairing changed** (fails): a policy cell is paired (kvbench.results.pairing) with another null or
+  full-cache cell than the reference's was.
 - **no reference** (fails): a cell the reference does not have; **dropped** (fails): the reverse.
 
 A suite whose spec (description aside) differs from the one the reference was written from fails too.
@@ -54,6 +56,10 @@ class CellResult:
     secondary measurements (timings left out)."""
     code: str
     """sha256 of the policy's source file."""
+    null: str | None = None
+    """A policy cell's null, by key, as kvbench.results.pairing pairs them (None: not a policy cell)."""
+    full: str | None = None
+    """A policy cell's full cache, by key, likewise."""
 
     @property
     def half_width(self) -> float:
@@ -67,6 +73,7 @@ Status = Literal[
     "changed, code unchanged",
     "changed with the environment",
     "changed with its code",
+    "pairing changed",
     "no reference",
     "dropped",
 ]
@@ -137,6 +144,11 @@ def compare_with_reference(
         if drop > tolerance:
             detail = f"score fell by {drop:.4f}, more than the tolerance {tolerance:.4f}"
             findings.append(Finding(result.key, "regressed", True, ref, result, tolerance, detail))
+        elif (result.null, result.full) != (ref.null, ref.full) and ref.null is not None:
+            detail = (
+                f"paired with {result.null} and {result.full}; the reference with {ref.null} and {ref.full}"
+            )
+            findings.append(Finding(result.key, "pairing changed", True, ref, result, tolerance, detail))
         elif result.identity != ref.identity:
             detail = (
                 "the cell's resolved spec (model, task, protocol, parameters or runner version) is not the "

@@ -14,12 +14,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from kvbench.commands.check import cell_key, collect
 from kvbench.leaderboard.queries import Compression, leaderboard
 from kvbench.results.compare import Filters, compare
 from kvbench.results.comparison import stored_runs
 from kvbench.results.pairing import null_of, reference_of
-from kvbench.runner.execute import run_cells
-from kvbench.runner.plan import RunRequest, plan
+from kvbench.runner.orchestrate import run_cells
+from kvbench.runner.plan import Cell, RunRequest, plan
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import ingest
 from kvbench.submissions.contents import spec_of
@@ -39,14 +40,20 @@ limit: 1
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Cell]]:
     root = tmp_path_factory.mktemp("sweeps")
+    cells: list[Cell] = []
     for name, ratios in (("first", "[2, 3]"), ("second", "[3, 4]")):
         suite = root / f"{name}.yaml"
         suite.write_text(SWEEP.format(name=name, ratios=ratios))
-        run_cells(plan(RunRequest(suite=str(suite))), root / "runs", progress=False)
+        cells += run_cells(plan(RunRequest(suite=str(suite))), root / "runs", progress=False).cells
     ingest(root / "runs")
-    return root / "runs"
+    return root / "runs", cells
+
+
+@pytest.fixture(scope="module")
+def store(sweeps: tuple[Path, list[Cell]]) -> Path:
+    return sweeps[0]
 
 
 def scored_tokens(out: Path) -> dict[str, int]:
@@ -74,7 +81,10 @@ def test_every_fidelity_run_is_paired_with_the_full_cache_scored_at_its_own_budg
     assert len({scored[r.run_id] for r in tested}) == 3
 
 
-def test_compare_the_leaderboard_and_export_pair_every_run_alike(store: Path) -> None:
+def test_compare_check_the_leaderboard_and_export_pair_every_run_alike(
+    sweeps: tuple[Path, list[Cell]],
+) -> None:
+    store, cells = sweeps
     database = store / "kvbench.duckdb"
     con = duckdb.connect(str(database), read_only=True)
     runs = stored_runs(con)
@@ -107,3 +117,12 @@ def test_compare_the_leaderboard_and_export_pair_every_run_alike(store: Path) ->
         mine = next(s for s in shards if s.run_id == run.run_id)
         assert null_of(mine.spec, shards, spec_of).run_id == null[k].run_id
         assert reference_of(mine.spec, shards, spec_of).run_id == full[k].run_id
+
+    # kvbench check records, for every policy cell, the null and the full cache it is paired with
+    unique = list({c.run_id: c for c in cells}.values())
+    keys = {c.run_id: cell_key(c) for c in unique}
+    checked = {r.identity: r for r in collect(unique, database)}
+    for k, run in policy.items():
+        assert checked[run.run_id].null == keys[null[k].run_id]
+        assert checked[run.run_id].full == keys[full[k].run_id]
+    assert len(set(keys.values())) == len(keys)  # the full caches at three K have three keys
