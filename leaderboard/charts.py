@@ -28,7 +28,7 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
             )
         )
     for policy, rows in swept.groupby("policy", sort=True):
-        is_null = rows["role"].iloc[0] == "null"
+        is_null = rows["role"].iloc[0] == Role.NULL
         figure.add_trace(
             go.Scatter(
                 x=rows["ratio"],

@@ -230,20 +230,20 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
         con.close()
     results: dict[str, ArmResult] = {}
     tables: dict[tuple[str, str, int | None], None] = dict.fromkeys(
-        (c.model.name, c.task.name, c.budget) for c in cells if c.role != "reference"
+        (c.model.name, c.task.name, c.budget) for c in cells if c.role != Role.REFERENCE
     )
     # a full cache run without policies beside it is a table of its own
-    tables.update(dict.fromkeys((c.model.name, c.task.name, None) for c in cells if c.role == "reference"))
+    tables.update(dict.fromkeys((c.model.name, c.task.name, None) for c in cells if c.role == Role.REFERENCE))
     for model, task, budget in tables:
         table = [
             runs[c.run_id]
             for c in cells
             if (c.model.name, c.task.name) == (model, task)
-            and (c.role == "reference" or (budget is not None and c.budget == budget))
+            and (c.role == Role.REFERENCE or (budget is not None and c.budget == budget))
         ]
         for arm in compare_table(table, summaries, tasks=(task,)):
             run = arm.runs[task]
-            if run.role != "reference" or run.run_id not in results:  # the full cache: its first table
+            if run.role != Role.REFERENCE or run.run_id not in results:  # the full cache: its first table
                 results[run.run_id] = arm
     return [_row(cell, results[cell.run_id]) for cell in cells]
 
