@@ -119,26 +119,8 @@ def holm_by_definition(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def resolved_record(
-    *, model: str, task: str, protocol: str, policy: str, samples: int, budget: int | None, **fields
-) -> dict:
-    """A resolved spec for a hand-made store: the shipped tiny-qwen3 model, passkey task and protect-prompt
-    protocol under the names given, so that the pairing rule reads what the store's columns say."""
-    from kvbench.specs.model import load_model_spec
-    from kvbench.specs.protocol import load_protocol
-    from kvbench.specs.task import load_task
+def resolved_record(**fields) -> dict:
+    """A resolved spec for a hand-made store (see kvbench.bench.leaderboard.synthetic_spec)."""
+    from kvbench.bench.leaderboard import synthetic_spec
 
-    return {
-        "runner_version": 1,
-        "runtime": {"adapter": "hf", "device": "cpu", "dtype": "float32", "attention": "sdpa"},
-        "model": load_model_spec("tiny-qwen3").model_copy(update={"name": model}).model_dump(mode="json"),
-        "task": load_task("passkey").model_copy(update={"name": task}).model_dump(mode="json"),
-        "policy": {"name": policy, "params": {}},
-        "protocol": load_protocol("protect-prompt").model_copy(update={"name": protocol}).identity(),
-        "budget": budget,
-        "n_avg": fields.pop("n_avg", None),
-        "ratio": fields.pop("ratio", None),
-        "samples": samples,
-        "limit": fields.pop("limit", None),
-        **fields,
-    }
+    return synthetic_spec(**fields)

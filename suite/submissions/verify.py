@@ -123,8 +123,11 @@ def rebuild(run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, P
         cell.spec.data is None or spec.data is None or cell.spec.data.sha256 != spec.data.sha256
     ):
         raise KvbenchError(f"--data for {spec.task.name}: its content is not the data the run used")
-    expected = spec.model_copy(update={"runtime": cell.spec.runtime, "data": cell.spec.data}).record()
+    # the runtime asked for here, and the local data's path here, are not the run's to match
     rebuilt = cell.spec.record()
+    expected = {**spec.record(), "runtime": rebuilt["runtime"]}
+    if local is not None:
+        expected["data"] = rebuilt["data"]
     if digest(rebuilt) != digest(expected):
         differs = sorted(
             k for k in {*expected, *rebuilt} if digest(expected.get(k)) != digest(rebuilt.get(k))
