@@ -117,10 +117,3 @@ def holm_by_definition(p_values: list[float]) -> list[float]:
         running = max(running, (len(p_values) - rank) * p_values[i])
         adjusted[i] = min(1.0, running)
     return adjusted
-
-
-def resolved_record(**fields) -> dict:
-    """A resolved spec for a hand-made store (see kvbench.bench.leaderboard.synthetic_spec)."""
-    from kvbench.bench.leaderboard import synthetic_spec
-
-    return synthetic_spec(**fields)

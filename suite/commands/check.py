@@ -162,7 +162,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             if not summary.samples:
                 raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
             score = bootstrap_mean(list(summary.scores.values()))
-            null, full = (find(cell.spec, cells, lambda c: c.spec) for find in (null_of, reference_of))
+            partners: list[str | None] = [None, None]  # a policy cell's null and full cache, by key
+            if cell.role == Role.POLICY:
+                found = (find(cell.spec, cells, lambda c: c.spec) for find in (null_of, reference_of))
+                partners = [cell_key(c) if c is not None else None for c in found]
             results.append(
                 CellResult(
                     cell_key(cell),
@@ -173,10 +176,7 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
                     summary.scores,
                     outputs_digest(con, cell.run_id),
                     code_hash(cell),
-                    *(
-                        cell_key(c) if c is not None and cell.role == Role.POLICY else None
-                        for c in (null, full)
-                    ),
+                    *partners,
                 )
             )
         return results

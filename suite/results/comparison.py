@@ -176,11 +176,14 @@ def compare_table(
     for run in chosen:
         by_arm.setdefault(run.arm, {})[run.task] = run
     arms = {arm: got for arm, got in by_arm.items() if all(t in got for t in tasks)}
+    every: dict[tuple[Arm, str], list[StoredRun]] = {}  # all of an arm's runs on a task, to pair among
+    for run in runs:
+        every.setdefault((run.arm, run.task), []).append(run)
     candidates = [a for a in arms if a[0] == baseline and a[2] != Role.REFERENCE]
     base = next((a for a in candidates if a[2] == Role.NULL), candidates[0] if candidates else None)
     full = next((a for a in arms if a[2] == Role.REFERENCE), None)
     if full is not None and base is not None:  # the full cache that pairs with the null, where K matters
-        paired = {t: _partner(arms[base][t], runs, full, Role.REFERENCE) for t in tasks}
+        paired = {t: _partner(arms[base][t], every, full, Role.REFERENCE) for t in tasks}
         arms[full] = {**arms[full], **{t: run for t, run in paired.items() if run is not None}}
     pooled = {arm: pool({t: summaries[got[t].run_id].scores for t in tasks}) for arm, got in arms.items()}
 
@@ -195,7 +198,7 @@ def compare_table(
                 if pairs(arms[other][t].spec, arms[arm][t].spec, Role.REFERENCE)
             }
         else:
-            found = {t: run for t in tasks if (run := _partner(arms[arm][t], runs, other, role)) is not None}
+            found = {t: run for t in tasks if (run := _partner(arms[arm][t], every, other, role)) is not None}
         return found if len(found) == len(tasks) else {}
 
     def scores(found: dict[str, StoredRun]) -> dict[tuple[str, str], float] | None:
@@ -243,7 +246,8 @@ def compare_table(
     return results
 
 
-def _partner(run: StoredRun, runs: Sequence[StoredRun], arm: Arm, role: Role) -> StoredRun | None:
+def _partner(
+    run: StoredRun, every: Mapping[tuple[Arm, str], list[StoredRun]], arm: Arm, role: Role
+) -> StoredRun | None:
     """The run of ``arm`` on the same task that pairs with ``run`` in ``role`` (kvbench.results.pairing)."""
-    same = [r for r in runs if r.arm == arm and r.task == run.task]
-    return partner(run.spec, same, role, spec=lambda r: r.spec)
+    return partner(run.spec, every.get((arm, run.task), ()), role, spec=lambda r: r.spec)

@@ -58,7 +58,7 @@ def partner(
 def null_of(run: ResolvedSpec, candidates: Iterable[T], spec: Callable[[T], ResolvedSpec]) -> T | None:
     """The run's null: its protocol's baseline policy, stored in the null's role."""
     nulls = (
-        c for c in candidates if spec(c).role is Role.NULL and spec(c).policy.name == run.protocol.baseline
+        c for c in candidates if spec(c).role == Role.NULL and spec(c).policy.name == run.protocol.baseline
     )
     return partner(run, nulls, Role.NULL, spec)
 
@@ -68,6 +68,6 @@ def reference_of(run: ResolvedSpec, candidates: Iterable[T], spec: Callable[[T],
     references = (
         c
         for c in candidates
-        if spec(c).role is Role.REFERENCE and spec(c).policy.name == run.protocol.reference
+        if spec(c).role == Role.REFERENCE and spec(c).policy.name == run.protocol.reference
     )
     return partner(run, references, Role.REFERENCE, spec)

@@ -21,11 +21,8 @@ from kvbench.store.records import SampleRecord
 
 def cell_problems(cell: Cell, backend: Backend) -> list:
     """The problems of a cell's task, from its source: dataset rows (hub or --data), probes, documents."""
-    data, fingerprint = (
-        (None, None)
-        if cell.data is None
-        else (Path(cell.data), cell.spec.data.sha256 if cell.spec.data else None)
-    )
+    local = cell.spec.data  # a --data copy, recorded with the content the run's identity follows
+    data, fingerprint = (None, None) if local is None else (Path(local.path), local.sha256)
     return task_source(cell.task).problems(cell.task, backend, cell.limit, data, fingerprint)
 
 

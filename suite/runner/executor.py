@@ -25,8 +25,7 @@ class Unit:
     def cost(self) -> float:
         """Its samples × their expected length: an executor with many workers starts costly units first."""
         task = self.cell.task
-        length = getattr(task.source, "length", None) or task.reference_n_avg(self.cell.model.name)
-        return self.cell.samples * float(length or task.max_new_tokens)
+        return self.cell.samples * float(task.reference_n_avg(self.cell.model.name) or task.max_new_tokens)
 
 
 @dataclass(frozen=True)

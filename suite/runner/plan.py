@@ -102,7 +102,7 @@ class Cell:
         schedule = self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)
         # the no-eviction reference stays in the model's precision under every protocol, so that N_avg
         # (and hence K) is the same for a mixed-precision protocol and for eviction alone
-        return schedule.without_precision() if self.role is Role.REFERENCE else schedule
+        return schedule.without_precision() if self.role == Role.REFERENCE else schedule
 
     @property
     def label(self) -> str:
@@ -177,7 +177,7 @@ def make_cell(
         from kvbench.specs.task_data import data_fingerprint
 
         resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
-    if role is Role.REFERENCE:
+    if role == Role.REFERENCE:
         # the full cache's outputs do not depend on K, so one reference serves every budget; where its
         # scores do (they start at the first eviction event), K is part of its identity (protocol.md)
         resolved["ratio"] = None
@@ -376,7 +376,7 @@ def plan(request: RunRequest) -> list[Cell]:
                         budget=budget,
                         ratio=used_ratio,
                         role=role,
-                        pending=None if role is Role.REFERENCE else pending,
+                        pending=None if role == Role.REFERENCE else pending,
                     )
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)

@@ -52,10 +52,6 @@ class ProbeTaskSource(TaskSource):
         return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
 
 
-def probe_problems(cell: Cell, backend: Backend) -> list[ProbeProblem]:
-    return make_probe_problems(cell.task.probe, cell.limit, backend.encode)
-
-
 def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[ProbeProblem]:
     """A probe source's problems (at most ``limit``), their lengths counted with ``encode``."""
 

@@ -54,14 +54,14 @@ def select(runs: list[StoredRun], run_ids: Sequence[str], policies: Sequence[str
             raise SpecError(f"--run {wanted!r} matches {len(found)} runs; give a longer prefix of a run id")
         chosen[found[0].run_id] = found[0]
     for name in policies:
-        found = [r for r in runs if r.role is Role.POLICY and r.spec.policy.name == name]
+        found = [r for r in runs if r.role == Role.POLICY and r.spec.policy.name == name]
         if not found:
-            known = sorted({r.spec.policy.name for r in runs if r.role is Role.POLICY})
+            known = sorted({r.spec.policy.name for r in runs if r.role == Role.POLICY})
             raise SpecError(f"--policy {name!r} has no runs here; policies with runs: {', '.join(known)}")
         chosen |= {r.run_id: r for r in found}
     if not run_ids and not policies:
         chosen = {r.run_id: r for r in runs}
-    for run in [r for r in chosen.values() if r.role is Role.POLICY]:
+    for run in [r for r in chosen.values() if r.role == Role.POLICY]:
         for arm, partner in (
             ("null", null_of(run.spec, runs, spec_of)),
             ("full cache", reference_of(run.spec, runs, spec_of)),

@@ -376,7 +376,7 @@ def _baselines(checked: Checked) -> None:
         for run in checked.runs
     }
     for run in checked.runs:
-        if run.role is not Role.POLICY:
+        if run.role != Role.POLICY:
             continue
         for arm, partner in (
             ("null", null_of(run.spec, checked.runs, spec_of)),

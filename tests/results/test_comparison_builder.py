@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from kvbench.bench.leaderboard import synthetic_spec
 from kvbench.results.comparison import NO_BASELINE, common_tasks, compare_table, stored_runs
 from kvbench.results.summary import summarize
 from kvbench.store.ingest import SCHEMA
-from support import holm_by_definition, resolved_record
+from support import holm_by_definition
 
 PROBLEMS = {"t1": 22, "t2": 9, "t3": 3}
 BUDGETS = {"t1": (50, 200.0), "t2": (30, 100.0), "t3": (20, 40.0)}  # (K, N_avg): K/N_avg 0.25 and 0.3
@@ -65,7 +66,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
     for run_id, (model, protocol, task, policy, role, samples, chance, created) in RUNS.items():
         budget, n_avg = BUDGETS[task]
         full = role == "reference"
-        spec = resolved_record(
+        spec = synthetic_spec(
             model=model,
             task=task,
             protocol=protocol,

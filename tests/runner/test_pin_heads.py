@@ -13,8 +13,9 @@ import torch
 
 from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
+from kvbench.runner.execute import cell_problems
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.runner.probe_units import encode_problem, probe_problems
+from kvbench.runner.probe_units import encode_problem
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 BUDGET, BUFFER = 256, 64  # protect-prompt's buffer; four events over this trace
@@ -113,7 +114,7 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
         models=("tiny-qwen3",), tasks=(str(task),), policies=("streaming",), budget=BUDGET, samples=1
     )
     cell = next(c for c in plan(request) if c.role == "policy")
-    (problem,) = probe_problems(cell, HFBackend(tiny))
+    (problem,) = cell_problems(cell, HFBackend(tiny))
     prompt, continuation, where = encode_problem(problem, HFBackend(tiny))
     needle = next(p.text for p in problem.pieces if p.role == "needle")
     assert tiny.tokenizer.decode([continuation[t] for t in where["needle"]]) == needle

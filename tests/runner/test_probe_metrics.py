@@ -9,8 +9,9 @@ import torch
 from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.runner.execute import cell_problems
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.runner.probe_units import encode_problem, probe_problems, score_probe
+from kvbench.runner.probe_units import encode_problem, score_probe
 
 SEEDS = [5, 6]
 
@@ -23,7 +24,7 @@ def the_cell(task: str, policy: str):
 def test_fidelity_scores_from_the_first_prediction_the_first_eviction_can_change(tiny: LoadedModel) -> None:
 
     cell = the_cell("fidelity", "random")
-    (problem,) = probe_problems(cell, HFBackend(tiny))
+    (problem,) = cell_problems(cell, HFBackend(tiny))
     prompt, continuation, _ = encode_problem(problem, HFBackend(tiny))
     forced = teacher_force(
         tiny, prompt, continuation, cell.policy, cell.schedule(), row_seeds=SEEDS, reference=True
@@ -45,7 +46,7 @@ def test_fidelity_scores_from_the_first_prediction_the_first_eviction_can_change
 def test_passkey_scores_exactly_the_passcode_tokens(tiny: LoadedModel) -> None:
 
     cell = the_cell("passkey", "full")
-    (problem,) = probe_problems(cell, HFBackend(tiny))
+    (problem,) = cell_problems(cell, HFBackend(tiny))
     prompt, continuation, where = encode_problem(problem, HFBackend(tiny))
     answer = next(p.text for p in problem.pieces if p.role == "answer")
     assert tiny.tokenizer.decode([continuation[t] for t in where["answer"]]) == answer
