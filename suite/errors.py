@@ -47,3 +47,7 @@ class BudgetError(KvbenchError):
 
 class PolicyOutputError(KvbenchError):
     """A scorer returned something the engine cannot select from; names the policy, layer and event."""
+
+
+class ScorerError(KvbenchError):
+    """A scorer raised, hung past its time limit, or its process died; names the policy, layer and event."""

@@ -88,7 +88,9 @@ def _load_entry_point(name: str, ep: Any) -> PolicyRef:
     return PolicyRef(cls, f"entry point {ep.value}")
 
 
-def _load_file(path_text: str, class_name: str) -> PolicyRef:
+def load_file_policy(path_text: str, class_name: str) -> PolicyRef:
+    """The policy class ``class_name`` of a scorer file, imported here: a user's own code. A submitted
+    scorer is never imported in kvbench's process: kvbench.isolation runs it in a process of its own."""
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise SpecError(f"--policy {path_text}:{class_name}: no file {path}")
@@ -114,7 +116,19 @@ def _load_file(path_text: str, class_name: str) -> PolicyRef:
             f"(policy classes there: {', '.join(names) or 'none'}); "
             "decorate a kvbench.Policy subclass with @kvbench.policy('name')"
         )
+    refuse_builtin_name(cls.name, f"{path}:{class_name}")
+    cls.source_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     return PolicyRef(cls, f"file {path}")
+
+
+def refuse_builtin_name(name: str, where: str) -> None:
+    """A file scorer may not take a built-in's name: its results would pass for the built-in's."""
+    builtins = builtin_policies()
+    if name in builtins:
+        raise SpecError(
+            f"{where} registers the name {name!r}, which is the built-in policy of "
+            f"{builtins[name].source}; give the scorer a name of its own in @kvbench.policy('...')"
+        )
 
 
 def parse_policy_arg(text: str) -> tuple[str, str | None, dict[str, str]]:
@@ -139,7 +153,7 @@ def parse_policy_arg(text: str) -> tuple[str, str | None, dict[str, str]]:
 def find_policy(name: str, class_name: str | None = None) -> PolicyRef:
     """The class behind a policy name (or a file and class)."""
     if class_name is not None:
-        return _load_file(name, class_name)
+        return load_file_policy(name, class_name)
     builtins = builtin_policies()
     if name in builtins:
         return builtins[name]
@@ -168,7 +182,10 @@ def make_policy(text: str, **params: Any) -> Policy:
 
 def policy_record(policy: Policy) -> dict[str, Any]:
     """Name and fully resolved parameters: the policy's part of a result's identity."""
-    return {"name": policy.name, "params": json.loads(json.dumps(policy.params(), default=str))}
+    record = {"name": policy.name, "params": json.loads(json.dumps(policy.params(), default=str))}
+    if policy.source_sha256 is not None:  # a file's scorer: an edited file is another policy
+        record["source_sha256"] = policy.source_sha256
+    return record
 
 
 def policy_identity(policy: Policy) -> str:
@@ -180,6 +197,9 @@ def policy_identity(policy: Policy) -> str:
 def policy_documentation(policy: Policy) -> dict[str, Any]:
     """What the leaderboard shows about a policy, saved with each run: the documentation of the code that
     produced the numbers, not of whatever version is installed where the leaderboard runs."""
+    shipped = getattr(policy, "shipped_documentation", None)
+    if shipped is not None:  # an isolated scorer: what its own process said, and its file's hash
+        return dict(shipped)
     cls = type(policy)
     module = inspect.getmodule(cls)
     source = Path(inspect.getfile(cls))

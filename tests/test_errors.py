@@ -12,7 +12,7 @@ from kvbench.core.contract import EvictionView, Policy, policy
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV
 from kvbench.core.schedule import Schedule
-from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
+from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError, ScorerError
 from kvbench.registry import make_policy
 
 
@@ -80,6 +80,95 @@ def test_the_error_names_the_event_where_it_happened() -> None:
     with pytest.raises(PolicyOutputError, match="policy 'late' at layer 1, eviction event 2"):
         for _ in range(80):
             backend.step()
+
+
+@pytest.mark.parametrize(
+    ("raised", "named"),
+    [
+        (ValueError("bad value"), "ValueError: bad value"),
+        (MemoryError("out of memory"), "MemoryError: out of memory"),
+        (SystemExit(0), "SystemExit: 0"),  # exited 0, silently, from inside a run
+    ],
+)
+def test_what_a_scorer_raises_is_named_with_its_layer_and_event(raised: BaseException, named: str) -> None:
+    def fails(view: EvictionView) -> torch.Tensor:
+        if view.layer == 1:
+            raise raised
+        return _ones(view)
+
+    backend = SyntheticBackend(
+        _scorer("raises", fails),
+        Schedule(budget=32, buffer=8),
+        synthetic_model(layers=2),
+        prompt_len=4,
+        row_seeds=[0],
+    )
+    with pytest.raises(
+        ScorerError, match=re.escape(f"policy 'raises' at layer 1, eviction event 0 raised {named}")
+    ):
+        for _ in range(60):
+            backend.step()
+
+
+def test_a_scorers_keyboard_interrupt_stays_one_and_says_where() -> None:
+    def interrupts(view: EvictionView) -> torch.Tensor:
+        raise KeyboardInterrupt
+
+    backend = SyntheticBackend(
+        _scorer("ctrl-c", interrupts),
+        Schedule(budget=32, buffer=8),
+        synthetic_model(),
+        prompt_len=4,
+        row_seeds=[0],
+    )
+    with pytest.raises(KeyboardInterrupt) as caught:
+        for _ in range(60):
+            backend.step()
+    assert caught.value.__notes__ == ["interrupted in policy 'ctrl-c' at layer 0, eviction event 0"]
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["tensors", "inference-tensors"])
+@pytest.mark.parametrize("edit", ["keys", "values", "positions"])
+def test_a_scorer_that_edits_the_cache_in_place_is_refused(edit: str, inference: bool) -> None:
+    def edits(view: EvictionView) -> torch.Tensor:
+        getattr(view, edit).mul_(0)
+        return _ones(view)
+
+    backend = SyntheticBackend(
+        _scorer("editor", edits),
+        Schedule(budget=32, buffer=8),
+        synthetic_model(),
+        prompt_len=4,
+        row_seeds=[0],
+    )
+    with torch.inference_mode(inference), pytest.raises(PolicyOutputError) as caught:
+        for _ in range(60):
+            backend.step()
+    assert "policy 'editor' at layer 0, eviction event 0 changed a tensor it was given in place" in str(
+        caught.value
+    )
+    assert all(kv.keys.abs().sum() > 0 for kv in backend.layers)  # the cache was not zeroed
+
+
+def test_float64_scores_are_ranked_in_float64() -> None:
+    """Scores apart only past float32's resolution: ranked in float32 they all tie, and the keep-set is
+    whatever top-k makes of ties; ranked as given, the newest candidates are kept."""
+
+    def newest_by_a_hair(view: EvictionView) -> torch.Tensor:
+        return 1.0 + view.positions.double() * 1e-12
+
+    evictor = Evictor(
+        _scorer("hair", newest_by_a_hair),
+        Schedule(budget=16, buffer=4, protection="none"),
+        synthetic_model(layers=1, kv_heads=1),
+        prompt_len=0,
+        row_seeds=[0],
+    )
+    length = 20
+    positions = torch.arange(length).view(1, 1, length)
+    layer = LayerKV(torch.randn(1, 1, length, 16), torch.randn(1, 1, length, 16), positions.clone())
+    (kept,) = evictor.evict([layer], step=length)
+    assert kept.positions[0, 0].tolist() == list(range(4, 20))  # the newest K − B = 12, then the buffer
 
 
 @pytest.mark.parametrize(

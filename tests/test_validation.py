@@ -150,11 +150,26 @@ def test_impossible_model_shapes(tmp_path: Path, change: str, message: str) -> N
         validate_paths(path)
 
 
-def test_a_protocol_with_a_misspelled_baseline(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "fix"),
+    [
+        ("baseline", "randon", "write `baseline: random`"),
+        ("baseline", "evict-range", "write `baseline: random`"),  # the board said "vs Random Attention"
+        ("reference", "random", "write `reference: full`"),
+    ],
+)
+def test_a_protocol_whose_null_or_reference_is_another_policy_is_refused(
+    tmp_path: Path, field: str, value: str, fix: str
+) -> None:
     path = _copy_builtin(tmp_path, "protocols", "protect-prompt")
-    path.write_text(path.read_text().replace("baseline: random", "baseline: randon"))
-    with pytest.raises(SpecError, match=r"field `baseline`: unknown policy 'randon'. Did you mean 'random'"):
-        validate_paths(path)
+    original = "baseline: random" if field == "baseline" else "reference: full"
+    path.write_text(path.read_text().replace(original, f"{field}: {value}"))
+    for load in (validate_paths, load_protocol):
+        with pytest.raises(SpecError) as raised:
+            load(path)
+        message = str(raised.value)
+        assert str(path) in message and f"field `{field}`" in message and f"'{value}' is not the" in message
+        assert fix in message
 
 
 @pytest.mark.parametrize(

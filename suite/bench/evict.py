@@ -15,7 +15,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 from kvbench.core.calibration import QueryStats
-from kvbench.core.contract import ModelFacts
+from kvbench.core.contract import ModelFacts, Policy
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV
 from kvbench.core.rope import apply_rope, rope_inv_freq
@@ -54,10 +54,19 @@ def bench_evict(
     prompt_len: int = 256,
     dtype: torch.dtype = torch.float32,
     min_run_time: float = 1.0,
+    isolated: Sequence[str] = (),
 ) -> list[EvictTiming]:
-    names = [n for n in (policies or known_policies()) if make_policy(n).evicts]
+    """``isolated`` scorer files (FILE.py:Class) are timed twice: in this process and in their own process
+    behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event."""
+    names = [n for n in (policies or ([] if isolated else known_policies())) if make_policy(n).evicts]
     if "random" not in names:
         names = ["random", *names]
+    arms: list[tuple[str, Policy]] = [(name, make_policy(name)) for name in names]
+    for text in isolated:
+        from kvbench.isolation.host import isolated as isolate
+
+        apart = isolate(text)
+        arms += [(f"{apart.name} (in process)", make_policy(text)), (f"{apart.name} (isolated)", apart)]
     model = ModelFacts("bench", 1, q_heads, kv_heads, head_dim, rope_inv_freq=rope_inv_freq(head_dim).float())
     schedule = Schedule(budget=budget, buffer=buffer, protection="prompt")
     gen = torch.Generator().manual_seed(0)
@@ -73,8 +82,7 @@ def bench_evict(
             model.rope_inv_freq,
         ).to(dtype)
         times: dict[str, tuple[float, int]] = {}
-        for name in names:
-            policy = make_policy(name)
+        for name, policy in arms:
             evictor = Evictor(
                 policy,
                 schedule,

@@ -23,6 +23,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     evict.add_argument("--buffer", type=int, default=64)
     evict.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     evict.add_argument("--min-time", type=float, default=1.0, help="seconds of timing per policy and batch")
+    evict.add_argument(
+        "--isolated",
+        action="append",
+        default=[],
+        metavar="FILE.py:Class",
+        help="also time this scorer file in its own process behind the sandbox, beside in this process",
+    )
     evict.add_argument("--json", help="also write the results and the machine to this file")
     evict.set_defaults(func=bench_evict_command)
 
@@ -115,6 +122,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         buffer=args.buffer,
         dtype=getattr(torch, args.dtype),
         min_run_time=args.min_time,
+        isolated=args.isolated,
     )
     table = Table(
         title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {args.dtype}"

@@ -61,6 +61,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the attention implementation kvbench's attention wraps (default: sdpa)",
     )
     run.add_argument("--no-baselines", action="store_true", help="skip the null and full-cache arms")
+    run.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run scorers from files (FILE.py:Class) in a process of their own behind the sandbox; "
+        "kvbench verify always does",
+    )
+    run.add_argument(
+        "--scorer-seconds",
+        type=float,
+        default=60.0,
+        help="with --isolate: an isolated scorer's time limit per event (default: 60)",
+    )
     ray = run.add_argument_group("executor (where the units of work run)")
     ray.add_argument(
         "--executor", choices=["local", "ray"], default="local", help="local (this process) or a Ray cluster"
@@ -211,6 +223,8 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         device=args.device,
         dtype=args.dtype,
         attention=args.attention,
+        isolate=args.isolate,
+        scorer_seconds=args.scorer_seconds,
     )
 
 

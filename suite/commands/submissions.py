@@ -71,6 +71,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a local copy of a task's data, for runs made with --data",
     )
     verify.add_argument("--json", type=Path, help="also write the outcomes to this JSON file")
+    verify.add_argument(
+        "--scorer-seconds",
+        type=float,
+        default=60.0,
+        help="time limit per event of a submitted scorer, which always runs isolated (default: 60)",
+    )
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=verify_command)
 
@@ -180,6 +186,7 @@ def verify_command(args: argparse.Namespace) -> int:
             device=args.device,
             attention=args.attention,
             data=data,
+            scorer_seconds=args.scorer_seconds,
             progress=not args.quiet,
         )
     title = f"verify {sha256[:16]}, {args.sample} problem(s) per family drawn with seed {seed}"

@@ -108,6 +108,23 @@ class LayerState:
             new._slots[name] = torch.gather(tensor, 2, idx)
         return new
 
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor by a prefixed name (``slot.`` or ``row.``), with :meth:`fills`: the whole state, as
+        an isolated scorer's process receives and returns it (kvbench.isolation)."""
+        return {
+            **{f"slot.{k}": v for k, v in self._slots.items()},
+            **{f"row.{k}": v for k, v in self._rows.items()},
+        }
+
+    def fills(self) -> dict[str, float]:
+        return dict(self._fills)
+
+    def replace(self, tensors: dict[str, Tensor], fills: dict[str, float]) -> None:
+        """Take the whole state from :meth:`tensors` and :meth:`fills` of another state."""
+        self._slots = {k[len("slot.") :]: v for k, v in tensors.items() if k.startswith("slot.")}
+        self._rows = {k[len("row.") :]: v for k, v in tensors.items() if k.startswith("row.")}
+        self._fills = {k: float(fills.get(k, 0.0)) for k in self._slots}
+
     def select_rows(self, rows: Tensor) -> None:
         """Keep only batch rows ``rows`` (1-D index), e.g. when other rows finished."""
         self._slots = {k: v.index_select(0, rows) for k, v in self._slots.items()}
@@ -207,6 +224,9 @@ class Policy:
     """False only for ``full``: the engine never evicts."""
     layer_reduce: ClassVar[Literal["none", "mean"]] = "none"
     """``mean``: the engine averages the layers' scores and keeps one keep-set for every layer."""
+    source_sha256: ClassVar[str | None] = None
+    """The SHA-256 of the file a scorer was loaded from (None for built-ins and installed packages): part
+    of its results' identity, so that an edited file never reuses the old file's results."""
 
     @property
     def query_window(self) -> int:

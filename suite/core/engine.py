@@ -9,8 +9,9 @@ compacts keys, values, positions and slot state.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from kvbench.core.contract import EvictionView, ModelFacts, Policy, StepView
 from kvbench.core.mixed_kv import Slots
 from kvbench.core.schedule import ProtectedPrefix, Schedule
 from kvbench.core.seeding import eviction_seed, generator
-from kvbench.errors import BudgetError, CapabilityError, PolicyOutputError
+from kvbench.errors import BudgetError, CapabilityError, KvbenchError, PolicyOutputError, ScorerError
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,42 @@ class EvictionStats:
     protected: ProtectedPrefix
     events: int = 0
     seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def _scorer_call(where: str, given: Sequence[Tensor]) -> Iterator[None]:
+    """A call into a scorer's code: what it raises is named by its policy, layer and event, and the tensors
+    it is given stay as they were.
+
+    Tensors made under torch.inference_mode (the adapters decode in it) cannot change in place outside it,
+    so the call runs outside it and an attempt raises; other tensors' version counters must not move.
+    KeyboardInterrupt stays one (a user's Ctrl-C and a scorer's look alike), with the place noted.
+    """
+    tracked = [t for t in given if not t.is_inference()]
+    versions = [t._version for t in tracked]
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            yield
+    except KvbenchError:
+        raise
+    except KeyboardInterrupt as exc:
+        exc.add_note(f"interrupted in {where}")
+        raise
+    except RuntimeError as exc:
+        if "Inplace update to inference tensor" in str(exc):
+            raise PolicyOutputError(f"{where} {_IN_PLACE}") from exc
+        raise ScorerError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    except (Exception, MemoryError, SystemExit) as exc:
+        raise ScorerError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    if [t._version for t in tracked] != versions:
+        raise PolicyOutputError(f"{where} {_IN_PLACE}")
+
+
+_IN_PLACE = (
+    "changed a tensor it was given in place (the cache's keys, values or positions, the protection, the "
+    "queries or attention, or a state slot the engine extended): compute on copies (x.clone()) and replace "
+    "state with set_slot / set_row"
+)
 
 
 class Evictor:
@@ -93,17 +130,11 @@ class Evictor:
 
     def observe(self, layer: int, layer_kv: Slots, attention: Tensor, step: int) -> None:
         """Pass one layer's step attention [B, Hq, q, S] to a policy that asked for it."""
-        if "step_attention" in self.policy.needs:
-            self.policy.observe(
-                StepView(
-                    attention=attention,
-                    positions=layer_kv.positions,
-                    layer=layer,
-                    step=step,
-                    model=self.model,
-                    state=layer_kv.state,
-                )
-            )
+        if "step_attention" not in self.policy.needs:
+            return
+        view = StepView(attention, layer_kv.positions, layer, step, self.model, layer_kv.state)
+        with _scorer_call(f"policy {self.policy.name!r} observing layer {layer} at step {step}", [attention]):
+            self.policy.observe(view)
 
     def evict(
         self,
@@ -163,11 +194,15 @@ class Evictor:
             recent_queries=queries,
             calibration=self.calibration,
         )
-        scores = self.policy.score(view)
+        where = f"policy {self.policy.name!r} at layer {layer}, eviction event {event}"
+        given = [view.keys, view.values, view.positions, view.protected]
+        with _scorer_call(where, given + ([queries] if queries is not None else [])):
+            scores = self.policy.score(view)
         self._check(scores, view)
-        # A policy's own +inf (vase-attnv's reserve) ranks just below the protocol's protection.
-        highest = torch.finfo(torch.float32).max
-        ranked = scores.float().nan_to_num(posinf=highest, neginf=float("-inf"))
+        # Ranked in the scores' own dtype (float64 scores that differ only past float32 stay apart). A
+        # policy's own +inf (vase-attnv's reserve) ranks just below the protocol's protection.
+        highest = torch.finfo(scores.dtype).max
+        ranked = scores.nan_to_num(posinf=highest, neginf=float("-inf"))
         return ranked.masked_fill(protected, float("inf"))
 
     def _check(self, scores: object, view: EvictionView) -> None:

@@ -81,7 +81,9 @@ class SandboxUnavailableError(PrerequisiteError):
     """The boundary cannot be set up on this machine; code tasks refuse to run."""
 
 
-def _mount_arguments(interpreter: Path) -> list[str]:
+def system_mounts(interpreter: Path) -> list[str]:
+    """bwrap arguments binding the system's programs and libraries read-only (and ``interpreter``'s own
+    installation when it lies outside /usr)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         path = Path(top)
@@ -131,6 +133,53 @@ def _rlimits(limits: Limits):
     return apply
 
 
+def boundary(
+    bwrap: str,
+    python: Path,
+    folders: list[tuple[str, str]],
+    scratch_bytes: int,
+    environment: dict[str, str],
+    *,
+    read_only_root: bool = False,
+) -> list[str]:
+    """The bwrap arguments up to the program: fresh namespaces, no capabilities, the system and ``python``
+    read-only, each (outside, inside) folder read-only, a ``scratch_bytes`` tmpfs at /tmp as the working
+    folder, and an environment of PATH, HOME, LANG and ``environment`` only. ``read_only_root``: the new
+    root itself is read-only too (bwrap makes it a tmpfs that holds the mount points)."""
+    binds = [arg for outside, inside in folders for arg in ("--ro-bind", outside, inside)]
+    variables = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **environment}
+    return [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(NOBODY),
+        "--gid",
+        str(NOBODY),
+        "--hostname",
+        "sandbox",
+        *system_mounts(python),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(scratch_bytes),
+        "--tmpfs",
+        "/tmp",
+        *binds,
+        *(["--remount-ro", "/"] if read_only_root else []),
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        *[arg for name, value in variables.items() for arg in ("--setenv", name, value)],
+        "--",
+    ]
+
+
 class Sandbox:
     """Runs programs inside bubblewrap. ``bwrap`` names the executable (default: the one on PATH)."""
 
@@ -141,52 +190,10 @@ class Sandbox:
         """The bwrap command line running ``argv`` with the folder ``folder`` bound read-only inside."""
         python = interpreter()
         argv = [a.replace("{result_fd}", str(result_fd)) for a in argv]
-        return [
-            str(self.bwrap),
-            "--unshare-all",
-            "--die-with-parent",
-            "--new-session",
-            "--cap-drop",
-            "ALL",
-            "--uid",
-            str(NOBODY),
-            "--gid",
-            str(NOBODY),
-            "--hostname",
-            "sandbox",
-            *_mount_arguments(python),
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--size",
-            str(limits.scratch_bytes),
-            "--tmpfs",
-            "/tmp",
-            "--ro-bind",
-            folder,
-            INSIDE,
-            "--chdir",
-            "/tmp",
-            "--clearenv",
-            "--setenv",
-            "PATH",
-            "/usr/bin:/bin",
-            "--setenv",
-            "HOME",
-            "/tmp",
-            "--setenv",
-            "LANG",
-            "C.UTF-8",
-            "--setenv",
-            "PYTHONHASHSEED",
-            "0",
-            "--",
-            str(python),
-            "-I",
-            "-S",
-            *argv,
-        ]
+        inside = boundary(
+            str(self.bwrap), python, [(folder, INSIDE)], limits.scratch_bytes, {"PYTHONHASHSEED": "0"}
+        )
+        return [*inside, str(python), "-I", "-S", *argv]
 
     def check(self) -> None:
         """Raise SandboxUnavailableError, saying what to install or enable, unless the boundary works here."""

@@ -17,7 +17,7 @@ from kvbench.core.contract import Policy
 from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
 from kvbench.graders.registry import sandboxed
-from kvbench.registry import make_policy, policy_record
+from kvbench.registry import make_policy, parse_policy_arg, policy_record
 from kvbench.runner.sources import resolved_task, task_source
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.model import ModelSpec, load_model_spec
@@ -136,6 +136,18 @@ class RunRequest:
     dtype: str | None = None
     """Overrides the model spec's dtype (part of the identity through the model)."""
     attention: str = "sdpa"
+    isolate: bool = False
+    """Scorers from files run in a process of their own behind the sandbox (kvbench.isolation)."""
+    scorer_seconds: float = 60.0
+    """An isolated scorer's time limit per event."""
+
+
+def _policy(text: str, request: RunRequest) -> Policy:
+    if request.isolate and parse_policy_arg(text)[1] is not None:
+        from kvbench.isolation.host import IsolationLimits, isolated
+
+        return isolated(text, IsolationLimits(seconds_per_call=request.scorer_seconds))
+    return make_policy(text)
 
 
 def make_cell(
@@ -326,7 +338,7 @@ def plan(request: RunRequest) -> list[Cell]:
             with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
     if request.data is not None and (len(tasks) != 1 or not task_source(tasks[0]).local_data):
         raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
-    policies = [make_policy(p) for p in (request.policies or suite.policies)]
+    policies = [_policy(p, request) for p in (request.policies or suite.policies)]
     ratios: list[float | None] = [request.ratio] if request.ratio is not None else [None]
     if request.ratio is None and suite.ratios:
         ratios = list(suite.ratios)

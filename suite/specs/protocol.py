@@ -70,6 +70,12 @@ class PrecisionSpec(StrictSpec):
         return MixedPrecision(self.bits, self.group, self.high_precision, self.demote)
 
 
+_ROLES = {
+    "baseline": ("random", "the null: every comparison, table and verdict is against Random Attention"),
+    "reference": ("full", "the full cache: every Δ is measured from the cache that never evicts"),
+}
+
+
 class ProtocolSpec(StrictSpec):
     spec_version: Literal[1] = 1
     name: str
@@ -90,6 +96,17 @@ class ProtocolSpec(StrictSpec):
     precision: PrecisionSpec | None = None
     """A mixed-precision cache for the policies and the null (the full-cache reference always keeps the
     model's precision); None keeps the model's precision everywhere."""
+
+    @pydantic.field_validator("baseline", "reference")
+    @classmethod
+    def _null_and_full_cache(cls, value: str, info: pydantic.ValidationInfo) -> str:
+        expected, what = _ROLES[str(info.field_name)]
+        if value.partition(":")[0] != expected:
+            raise ValueError(
+                f"{value!r} is not {what}; write `{info.field_name}: {expected}` (parameters as in "
+                f"{expected}:key=value are fine), and run other policies with --policy"
+            )
+        return value
 
     def identity(self) -> dict[str, object]:
         """The protocol as a run's identity records it: options left at their defaults that older

@@ -43,6 +43,8 @@ class PolicyRecord(StrictSpec):
     name: str
     params: dict[str, Any]
     """Every parameter, resolved (defaults included)."""
+    source_sha256: str | None = None
+    """A file scorer's source hash (absent for built-ins): editing the file makes another run."""
 
 
 class RuntimeRecord(pydantic.BaseModel):

@@ -1,7 +1,9 @@
 """`kvbench verify`: re-run a seeded random subset of a bundle's problems on this machine and compare.
 
 Each run is rebuilt from its resolved spec with this kvbench's specs and policies (a shipped scorer for
-a policy that is not built in), and must hash to the same identity. N problems are drawn per family of
+a policy that is not built in, which runs in a process of its own behind the sandbox and is never
+imported here, so that it cannot reach the decode loop, the null, the graders or this check), and must
+hash to the same identity. N problems are drawn per family of
 runs that share model, task, limit and runtime (a policy, its null and its full cache), from the
 problems all of them hold, and re-run in each: they are checked on the same problems. The draw's seed
 is random unless given, so that a submitter cannot know which problems will be re-run.
@@ -28,8 +30,9 @@ from typing import Any
 import duckdb
 
 from kvbench.errors import KvbenchError
+from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
 from kvbench.provenance import describe_machine
-from kvbench.registry import builtin_policies, find_policy, make_policy
+from kvbench.registry import builtin_policies, make_policy
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import cell_family
 from kvbench.results.stats import bootstrap_mean
@@ -82,7 +85,13 @@ def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[s
     return chosen
 
 
-def rebuild(run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, Path]) -> Cell:
+def rebuild(
+    run: StoredRun,
+    folder: Path,
+    runtime: Runtime,
+    data: Mapping[str, Path],
+    limits: IsolationLimits | None = None,
+) -> Cell:
     """The cell a run's resolved spec describes, built by this kvbench; its identity must be the run's
     (up to the runtime asked for and where the task's data lies here)."""
     spec, doc = run.spec, run.manifest.get("policy_doc") or {}
@@ -93,7 +102,10 @@ def rebuild(run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, P
         scorer = folder / "scorers" / f"{name}.py"
         if not scorer.is_file() or "class" not in doc:
             raise KvbenchError(f"policy {name!r} is not built in and the bundle ships no runnable scorer")
-        policy = find_policy(str(scorer), doc["class"]).cls(**params)
+        # never imported here: it runs in a process of its own, behind the sandbox
+        policy = IsolatedPolicy(scorer, doc["class"], params, limits or IsolationLimits())
+        if policy.name != name:
+            raise KvbenchError(f"the bundle's scorer for {name!r} registers the name {policy.name!r}")
     local = None
     if spec.data is not None:
         if spec.task.name not in data:
@@ -126,6 +138,8 @@ def rebuild(run: StoredRun, folder: Path, runtime: Runtime, data: Mapping[str, P
     # the runtime asked for here, and the local data's path here, are not the run's to match
     rebuilt = cell.spec.record()
     expected = {**spec.record(), "runtime": rebuilt["runtime"]}
+    if "source_sha256" not in expected["policy"]:  # recorded before file scorers' identity held their hash
+        rebuilt["policy"] = {k: v for k, v in rebuilt["policy"].items() if k != "source_sha256"}
     if local is not None:
         expected["data"] = rebuilt["data"]
     if digest(rebuilt) != digest(expected):
@@ -188,12 +202,13 @@ def verify(
     attention: str | None = None,
     data: Mapping[str, Path] | None = None,
     scratch: Path | None = None,
+    scorer_seconds: float = 60.0,
     progress: bool = False,
 ) -> list[Outcome]:
     """Re-run ``count`` problems per task of every run in a checked bundle and judge each run."""
     chosen = choose_problems(checked, count, seed)
     outcomes: list[Outcome] = []
-    groups: dict[tuple[str, str], list[tuple[StoredRun, Cell, bool]]] = {}
+    groups: dict[tuple[str, str, bool], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
         asked = run.spec.ran_on
         label = run.manifest.get("label") or run.run_id
@@ -207,13 +222,15 @@ def verify(
             runtime = Runtime(
                 adapter=asked.adapter, device=device or asked.device, attention=attention or asked.attention
             )
-            cell = rebuild(run, folder, runtime, data or {})
+            cell = rebuild(run, folder, runtime, data or {}, IsolationLimits(seconds_per_call=scorer_seconds))
         except Exception as exc:  # a spec or scorer this machine cannot rebuild: say why, per run
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
         exact = cell.spec.ran_on == asked
-        groups.setdefault((cell.model.name, runtime.device), []).append((run, cell, exact))
+        # a submitted scorer's cells run apart: its failure (a hang, a crash) leaves the null's verdict
+        submitted = isinstance(cell.policy, IsolatedPolicy)
+        groups.setdefault((cell.model.name, runtime.device, submitted), []).append((run, cell, exact))
     with tempfile.TemporaryDirectory(dir=scratch) as out_name:
         out = Path(out_name)
         for members in groups.values():

@@ -28,23 +28,13 @@ import pytest
 from kvbench.errors import PrerequisiteError
 from kvbench.graders.code import CodeTest, Limits, grade_code
 from kvbench.graders.sandbox import Sandbox, SandboxUnavailableError
+from support import needs_sandbox
 
 LIMITS = Limits(cpu_seconds=2, wall_seconds=4, memory_bytes=512 << 20, output_bytes=1 << 20)
 BARE = "import sys\nexec(compile(open(sys.argv[1]).read(), 'solution.py', 'exec'))\n"
 
 
-def _available() -> bool:
-    try:
-        Sandbox().check()
-    except SandboxUnavailableError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(
-    not _available() and not os.environ.get("KVBENCH_REQUIRE_SANDBOX"),
-    reason="bubblewrap is not usable here: apt-get install bubblewrap (CI sets KVBENCH_REQUIRE_SANDBOX=1)",
-)
+pytestmark = needs_sandbox
 
 
 @dataclass

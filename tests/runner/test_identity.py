@@ -3,6 +3,7 @@ they were planned with, local data read as fingerprinted, and damaged shards nam
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -204,3 +205,25 @@ def test_a_damaged_shard_is_named_and_a_rerun_repairs_it(tmp_path: Path) -> None
     assert _measured(shard) == original
     assert _counts(runs / "kvbench.duckdb") == before
     assert shard.with_name(shard.name + ".damaged").is_file()  # set aside for inspection, not ingested
+
+
+@pytest.mark.slow
+def test_an_edited_scorer_file_is_another_run_and_reuses_nothing(tmp_path: Path) -> None:
+    """Editing a file scorer and running again computes again: its source hash is in its identity (it was
+    left out, and the edited scorer reused the old file's results, its manifest keeping the old hash)."""
+    scorer = tmp_path / "mine.py"
+    scorer.write_text(
+        "from kvbench import Policy, policy\n\n\n@policy('mine')\nclass Mine(Policy):\n"
+        "    def score(self, view):\n        return view.keys.float().norm(dim=-1)\n"
+    )
+    args = ["run", *ONE, "--policy", "mine.py:Mine"]
+    assert computed(kvbench(*args, cwd=tmp_path)) == "1 problems computed, 0 reused"
+    assert computed(kvbench(*args, cwd=tmp_path)) == "0 problems computed, 1 reused"
+    scorer.write_text(scorer.read_text().replace("norm(dim=-1)", "norm(dim=-1).neg()"))
+    assert computed(kvbench(*args, cwd=tmp_path)) == "1 problems computed, 0 reused"
+    with duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True) as con:
+        recorded = con.execute("SELECT spec->'policy'->>'source_sha256' FROM runs ORDER BY run_id").fetchall()
+    assert len(recorded) == 2 and {r[0] for r in recorded} == {
+        hashlib.sha256(text.encode()).hexdigest()
+        for text in (scorer.read_text(), scorer.read_text().replace(".neg()", ""))
+    }

@@ -1,0 +1,106 @@
+"""The contract's views as messages (a JSON header and named tensors), and back.
+
+An isolated scorer receives exactly what an in-process one reads at an event: the candidates' keys,
+values, positions and protection, the recent queries and calibration it declared, the model's facts,
+its own layer state and the seeds of its per-row generators. It returns scores and its layer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvbench.core.calibration import QueryStats
+from kvbench.core.contract import EvictionView, LayerState, ModelFacts, StepView
+from kvbench.isolation.wire import Frame as Message
+
+
+def _model(model: ModelFacts) -> Message:
+    facts = {k: v for k, v in asdict(model).items() if k != "rope_inv_freq"}
+    has_rope = model.rope_inv_freq is not None
+    return {"model": facts, "rope": has_rope}, (
+        {"model.rope_inv_freq": model.rope_inv_freq} if has_rope else {}
+    )
+
+
+def _model_facts(header: dict[str, Any], tensors: dict[str, Tensor]) -> ModelFacts:
+    return ModelFacts(**header["model"], rope_inv_freq=tensors.get("model.rope_inv_freq"))  # type: ignore[arg-type]
+
+
+def _state(state: LayerState) -> Message:
+    return {"fills": state.fills()}, {f"state.{k}": v for k, v in state.tensors().items()}
+
+
+def layer_state(header: dict[str, Any], tensors: dict[str, Tensor]) -> LayerState:
+    state = LayerState()
+    state.replace(
+        {k[len("state.") :]: v for k, v in tensors.items() if k.startswith("state.")}, header["fills"]
+    )
+    return state
+
+
+def eviction_request(view: EvictionView) -> Message:
+    head, tensors = _model(view.model)
+    state_head, state = _state(view.state)
+    scalars = ("layer", "event", "step", "prompt_len", "budget", "keep")
+    head |= state_head | {"op": "score", **{k: getattr(view, k) for k in scalars}}
+    head["seeds"] = [g.initial_seed() for g in view.rngs]  # fresh generators: the seed is the whole state
+    tensors |= state | {"keys": view.keys, "values": view.values}
+    tensors |= {"positions": view.positions, "protected": view.protected}
+    if view.recent_queries is not None:
+        tensors["queries"] = view.recent_queries
+    if isinstance(view.calibration, QueryStats):
+        stats = view.calibration
+        head["calibration"] = {"model": stats.model, "corpus": stats.corpus, "tokens": stats.tokens}
+        tensors |= {"calibration.mean_real": stats.mean.real, "calibration.mean_imag": stats.mean.imag}
+        tensors["calibration.mean_abs"] = stats.mean_abs
+    return head, tensors
+
+
+def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> EvictionView:
+    calibration = None
+    if header.get("calibration") is not None:
+        mean = torch.complex(tensors["calibration.mean_real"], tensors["calibration.mean_imag"])
+        calibration = QueryStats(**header["calibration"], mean=mean, mean_abs=tensors["calibration.mean_abs"])
+    rngs = []
+    for seed in header["seeds"]:
+        rngs.append(torch.Generator())
+        rngs[-1].manual_seed(int(seed))
+    return EvictionView(
+        keys=tensors["keys"],
+        values=tensors["values"],
+        positions=tensors["positions"],
+        protected=tensors["protected"],
+        **{k: int(header[k]) for k in ("layer", "event", "step", "prompt_len", "budget", "keep")},
+        model=_model_facts(header, tensors),
+        state=layer_state(header, tensors),
+        rngs=tuple(rngs),
+        recent_queries=tensors.get("queries"),
+        calibration=calibration,
+    )
+
+
+def step_request(step: StepView) -> Message:
+    head, tensors = _model(step.model)
+    state_head, state = _state(step.state)
+    head |= state_head | {"op": "observe", "layer": step.layer, "step": step.step}
+    return head, tensors | state | {"attention": step.attention, "positions": step.positions}
+
+
+def step_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> StepView:
+    return StepView(
+        attention=tensors["attention"],
+        positions=tensors["positions"],
+        layer=int(header["layer"]),
+        step=int(header["step"]),
+        model=_model_facts(header, tensors),
+        state=layer_state(header, tensors),
+    )
+
+
+def state_reply(state: LayerState, scores: Tensor | None = None) -> Message:
+    head, tensors = _state(state)
+    return {"ok": True, **head}, tensors | ({"scores": scores} if scores is not None else {})

@@ -1,0 +1,187 @@
+"""A scorer from a file, run in its own process behind the sandbox: it decides exactly what it decides in
+kvbench's process, it reaches nothing outside its boundary, and whatever it does wrong is named."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from synthetic_adapter import synthetic_model
+
+from kvbench.core.schedule import Schedule
+from kvbench.errors import ScorerError, SpecError
+from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
+from kvbench.registry import load_file_policy, policy_record
+from support import RecordingBackend, needs_sandbox
+
+pytestmark = needs_sandbox
+
+STATEFUL = textwrap.dedent(
+    '''
+    """Accumulated attention, the recent queries' attention and a random jitter: every part of the
+    contract an isolated scorer must see exactly as an in-process one does."""
+    import torch
+    from kvbench import Policy, policy
+
+
+    @policy("accumulating-jitter", needs={"step_attention", "queries"})
+    class AccumulatingJitter(Policy):
+        jitter: float = 0.05
+
+        @property
+        def query_window(self) -> int:
+            return 4
+
+        def observe(self, step):
+            b, hq, q, s = step.attention.shape
+            received = step.attention.view(b, step.model.num_kv_heads, -1, q, s).mean(dim=2).sum(dim=2)
+            if step.state.has_slot("acc"):
+                step.state.set_slot("acc", step.state.slot("acc") + received)
+            else:
+                step.state.register_slot("acc", received, fill=0.0)
+            calls = step.state.row("calls") + 1 if step.state.has_row("calls") else torch.ones(b)
+            step.state.set_row("calls", calls)
+
+        def score(self, view):
+            b, hkv, n, d = view.keys.shape
+            queries = view.queries[:, :, -4:].reshape(b, hkv, -1, d)
+            attention = torch.softmax(queries @ view.keys.transpose(-1, -2) / d**0.5, dim=-1).mean(dim=2)
+            return view.candidate_slot("acc") + attention + self.jitter * view.uniform(hkv, n)
+    '''
+)
+
+
+def scorer(tmp_path: Path, body: str, name: str = "scorer.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def hostile(tmp_path: Path, score_body: str, name: str = "hostile") -> IsolatedPolicy:
+    body = f'''
+import os, socket, sys, time
+import torch
+from kvbench import Policy, policy
+
+@policy("{name}")
+class Hostile(Policy):
+    target: str = ""
+
+    def score(self, view):
+{textwrap.indent(textwrap.dedent(score_body), "        ")}
+        return view.keys.float().norm(dim=-1)
+'''
+    return IsolatedPolicy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=3))
+
+
+def _run(policy, steps: int = 30) -> RecordingBackend:
+    model = synthetic_model(layers=2, q_heads=4, kv_heads=2, head_dim=8)
+    backend = RecordingBackend(policy, Schedule(budget=16, buffer=4), model, prompt_len=3, row_seeds=[5, 9])
+    for _ in range(steps):
+        backend.step()
+    return backend
+
+
+def test_isolated_and_in_process_keep_the_same_tokens_state_and_draws(tmp_path: Path) -> None:
+    path = scorer(tmp_path, STATEFUL)
+    local = _run(load_file_policy(str(path), "AccumulatingJitter").cls())
+    isolated = IsolatedPolicy(path, "AccumulatingJitter", {})
+    apart = _run(isolated)
+    assert local.evictor.stats.events >= 3
+    for ours, theirs in zip(local.layers, apart.layers, strict=True):
+        assert torch.equal(ours.positions, theirs.positions)
+        assert torch.equal(ours.state.slot("acc"), theirs.state.slot("acc"))
+        assert (
+            ours.state.row("calls").tolist() == theirs.state.row("calls").tolist() == [31.0, 31.0]
+        )  # the prompt and 30 steps
+    # the same identity in and out of process: name, parameters and the file's hash
+    assert policy_record(isolated) == policy_record(local.policy)
+    assert (
+        policy_record(isolated)["source_sha256"]
+        == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    )
+
+
+def test_the_scorer_reaches_no_file_no_network_and_no_environment_outside(tmp_path: Path) -> None:
+    results = tmp_path / "runs"
+    results.mkdir()
+    (results / "secret.txt").write_text("the null's outputs")
+    os.environ["KVBENCH_TEST_SECRET"] = "hunter2"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        for attempt, expected in [
+            (f"open({str(results / 'secret.txt')!r}).read()", "FileNotFoundError"),
+            (f"open({str(Path.home() / 'planted')!r}, 'w')", "OSError: [Errno 30] Read-only file system"),
+            (f"socket.create_connection(('127.0.0.1', {port}), timeout=1)", "ConnectionRefusedError"),
+            (
+                "assert 'KVBENCH_TEST_SECRET' not in os.environ, 'saw it'\nraise RuntimeError('contained')",
+                "RuntimeError: contained",
+            ),
+        ]:
+            with pytest.raises(ScorerError) as raised:
+                _run(hostile(tmp_path, attempt), steps=20)
+                pytest.fail(f"the scorer did {attempt!r}")
+            assert "policy 'hostile' at layer 0, eviction event 0 raised" in str(raised.value)
+            assert expected in str(raised.value), str(raised.value)
+        assert not (Path.home() / "planted").exists()
+    finally:
+        listener.close()
+        del os.environ["KVBENCH_TEST_SECRET"]
+
+
+@pytest.mark.parametrize(
+    ("action", "named"),
+    [
+        ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+        ("raise MemoryError('too much')", "MemoryError: too much"),
+        ("raise SystemExit(0)", "SystemExit: 0"),
+        ("raise ValueError('bad')", "ValueError: bad"),
+    ],
+)
+def test_what_the_scorer_raises_is_named_with_its_policy_layer_and_event(
+    tmp_path: Path, action: str, named: str
+) -> None:
+    with pytest.raises(ScorerError) as raised:
+        _run(hostile(tmp_path, action), steps=20)
+    assert f"policy 'hostile' at layer 0, eviction event 0 raised {named}" in str(raised.value)
+
+
+def test_a_scorer_that_never_returns_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    policy = hostile(tmp_path, "while True:\n    time.sleep(1)")
+    started = time.monotonic()
+    with pytest.raises(ScorerError) as raised:
+        _run(policy, steps=20)
+    assert time.monotonic() - started < 30
+    assert "policy 'hostile' at layer 0, eviction event 0: no answer within 3 s" in str(raised.value)
+    assert policy.process is not None and policy.process.process.poll() is not None  # it was stopped
+
+
+def test_a_scorer_that_exits_its_process_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ScorerError) as raised:
+        _run(hostile(tmp_path, "os._exit(3)"), steps=20)
+    assert (
+        "policy 'hostile' at layer 0, eviction event 0: the scorer's process broke off (exit status 3"
+        in str(raised.value)
+    )
+
+
+def test_state_that_does_not_line_up_with_the_cache_is_refused(tmp_path: Path) -> None:
+    body = "view.state.register_slot('bad', torch.zeros(1, 7, 3))"
+    with pytest.raises(ScorerError, match=r"layer state 'slot.bad' of shape \(1, 7, 3\)"):
+        _run(hostile(tmp_path, body), steps=20)
+
+
+def test_a_file_scorer_may_not_take_a_built_in_name(tmp_path: Path) -> None:
+    path = scorer(tmp_path, STATEFUL.replace('"accumulating-jitter"', '"snapkv"'))
+    for load in (
+        lambda: load_file_policy(str(path), "AccumulatingJitter"),
+        lambda: IsolatedPolicy(path, "AccumulatingJitter", {}),
+    ):
+        with pytest.raises(SpecError, match="registers the name 'snapkv', which is the built-in policy"):
+            load()

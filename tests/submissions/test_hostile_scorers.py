@@ -1,0 +1,187 @@
+"""Scorers written to fool `kvbench verify`, submitted as a hostile submitter would: each runs, is
+exported with its source, and is verified. In the submitter's own run the attack works (that is what is
+submitted); verification runs the scorer in its own process behind the sandbox, never imports it, and
+so re-runs the cells honestly: the forged results fail, and a scorer that hangs under verification is
+stopped at the time limit with the place named."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+from submitting import cli, run_of
+
+from support import needs_sandbox
+
+pytestmark = [pytest.mark.slow, needs_sandbox]
+
+FAKE_SCORES = '''
+"""Wraps kvbench's unit scoring at import, so that its own samples all read as correct."""
+from kvbench import Policy, policy
+
+try:
+    import kvbench.runner.execute as execute
+
+    honest = execute.score_unit
+
+    def faked(cell, *args, **kwargs):
+        rows = honest(cell, *args, **kwargs)
+        if cell.policy.name == "fake-scores":
+            rows = [r.model_copy(update={"metric": 1.0, "correct": True}) for r in rows]
+        return rows
+
+    execute.score_unit = faked
+except Exception:
+    pass
+
+
+@policy("fake-scores")
+class Attack(Policy):
+    def score(self, view):
+        return view.keys.float().norm(dim=-1)
+'''
+
+WEAK_NULL = '''
+"""Replaces Random Attention's score at import, so that the null keeps only the newest tokens."""
+from kvbench import Policy, policy
+
+try:
+    from kvbench.policies.random_attention import RandomAttention
+
+    RandomAttention.score = lambda self, view: view.positions.float()
+except Exception:
+    pass
+
+
+@policy("weak-null")
+class Attack(Policy):
+    def score(self, view):
+        return view.keys.float().norm(dim=-1)
+'''
+
+FRAME_WALKER = '''
+"""Walks its caller's frames to find where the needle lies, and keeps it."""
+import sys
+
+import torch
+from kvbench import Policy, policy
+
+
+def needle():
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = frame.f_locals.get("needle")
+        if isinstance(found, tuple) and found and all(isinstance(i, int) for i in found):
+            return found
+        frame = frame.f_back
+    return ()
+
+
+@policy("frame-walker")
+class Attack(Policy):
+    def score(self, view):
+        scores = view.keys.float().norm(dim=-1)
+        where = needle()
+        if where:
+            scores = scores + 1e6 * torch.isin(view.positions, torch.tensor(where)).float()
+        return scores
+'''
+
+HANGS_WHEN_CHECKED = '''
+"""Behaves when its submitter runs it; never returns where it cannot see /etc (behind the sandbox)."""
+import os
+import time
+
+from kvbench import Policy, policy
+
+
+@policy("hangs-when-checked")
+class Attack(Policy):
+    def score(self, view):
+        while not os.path.isdir("/etc"):
+            time.sleep(1)
+        return view.keys.float().norm(dim=-1)
+'''
+
+
+def submit(root: Path, name: str, source: str) -> Path:
+    """The submitter's run (in their own process, where the attack works) and the exported bundle."""
+    (root / f"{name}.py").write_text(textwrap.dedent(source))
+    cli(
+        *("run", "--model", "tiny-qwen3", "--task", "passkey", "--limit", "3"),
+        *("--policy", f"{name}.py:Attack", "--quiet"),
+        cwd=root,
+    )
+    bundle = root / "bundle.kvbench.tar.gz"
+    cli("export", str(bundle), "--scorer", f"{name}.py", "--submitter", "hostile <h@example.org>", cwd=root)
+    return bundle
+
+
+def verified(root: Path, bundle: Path, *extra: str) -> dict[str, dict]:
+    done = cli(
+        "verify",
+        str(bundle),
+        "--sample",
+        "2",
+        "--json",
+        "verify.json",
+        "--quiet",
+        *extra,
+        cwd=root,
+        check=False,
+    )
+    outcomes = {o["run_id"]: o for o in json.loads((root / "verify.json").read_text())["outcomes"]}
+    assert done.returncode == (1 if any(o["outcome"] == "failed" for o in outcomes.values()) else 0), (
+        done.stderr
+    )
+    return outcomes
+
+
+def submitted(root: Path, run_id: str, column: str) -> list[float]:
+    with duckdb.connect(str(root / "runs" / "kvbench.duckdb"), read_only=True) as con:
+        rows = con.execute(
+            f"SELECT {column} FROM samples WHERE run_id = ? ORDER BY problem_id, sample", [run_id]
+        )
+        return [r[0] for r in rows.fetchall()]
+
+
+def test_faked_scores_fail_verification(tmp_path: Path) -> None:
+    bundle = submit(tmp_path, "fake_scores", FAKE_SCORES)
+    attacker, null = run_of(bundle, "passkey", "fake-scores"), run_of(bundle, "passkey", "random")
+    assert set(submitted(tmp_path, attacker, "metric")) == {1.0}  # the attack worked where it was run
+    outcomes = verified(tmp_path, bundle)
+    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
+    assert outcomes[null]["outcome"] == "verified", outcomes[null]
+
+
+def test_a_sabotaged_null_fails_verification(tmp_path: Path) -> None:
+    bundle = submit(tmp_path, "weak_null", WEAK_NULL)
+    null, attacker = run_of(bundle, "passkey", "random"), run_of(bundle, "passkey", "weak-null")
+    outcomes = verified(tmp_path, bundle)
+    assert outcomes[null]["outcome"] == "failed", outcomes[null]
+    assert outcomes[attacker]["outcome"] == "verified", outcomes[attacker]
+
+
+def test_a_scorer_reading_the_callers_frames_fails_verification(tmp_path: Path) -> None:
+    bundle = submit(tmp_path, "frame_walker", FRAME_WALKER)
+    attacker, null = run_of(bundle, "passkey", "frame-walker"), run_of(bundle, "passkey", "random")
+    kept = submitted(tmp_path, attacker, "needle_survival")
+    assert min(kept) == 1.0 > max(submitted(tmp_path, null, "needle_survival"))  # it found the needle
+    outcomes = verified(tmp_path, bundle)
+    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
+    assert outcomes[null]["outcome"] == "verified", outcomes[null]
+
+
+def test_a_scorer_that_hangs_under_verification_is_stopped_and_named(tmp_path: Path) -> None:
+    bundle = submit(tmp_path, "hangs", HANGS_WHEN_CHECKED)
+    attacker, null = run_of(bundle, "passkey", "hangs-when-checked"), run_of(bundle, "passkey", "random")
+    outcomes = verified(tmp_path, bundle, "--scorer-seconds", "3")
+    assert outcomes[attacker]["outcome"] == "not verified", outcomes[attacker]
+    assert (
+        "policy 'hangs-when-checked' at layer 0, eviction event 0: no answer within 3 s"
+        in outcomes[attacker]["detail"]
+    )
+    assert outcomes[null]["outcome"] == "verified", outcomes[null]  # the null's verdict does not wait on it
