@@ -4,7 +4,9 @@ silent wrong value before."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -107,6 +109,77 @@ def test_data_without_the_task_columns_is_named(tmp_path: Path) -> None:
 
 
 # -- these ran with a wrong value -----------------------------------------------------------------------
+def _math500_copy(tmp_path: Path, rows: list[dict]) -> Path:
+    """A local MATH-500 in the hub's layout (one JSON-lines file) holding ``rows``."""
+    data = tmp_path / "MATH-500"
+    data.mkdir()
+    (data / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+GOOD = {"problem": "What is $1+1$?", "answer": "2", "unique_id": "test/fixture-0.json"}
+
+
+def test_data_rows_without_a_question_or_answer_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Only the first row's keys were checked: these rows ran as the prompt or gold answer 'None'."""
+    no_answer = {k: v for k, v in GOOD.items() if k != "answer"}
+    rows = [GOOD, {**GOOD, "problem": "  \n"}, {**GOOD, "answer": None}, no_answer, {**GOOD, "problem": ""}]
+    data = _math500_copy(tmp_path, rows)
+    out = tmp_path / "runs"
+    run = ["run", "--model", "tiny-qwen3", "--quiet", "--task", "math500", "--data", str(data)]
+    assert main([*run, "--policy", "streaming", "--budget", "256", "--out", str(out)]) == 2
+    assert (
+        f"kvbench: task 'math500': --data {data} has rows without a value the task reads (missing, null, "
+        "empty or only whitespace; rows counted from 0 in split 'test'): "
+        "column 'problem' (`fields.question`): rows 1, 4 (2 in all) "
+        "column 'answer' (`fields.answer`): rows 2, 3 (2 in all) "
+        "Fill in those values or remove those rows: they would reach the prompts and gold answers as 'None' "
+        "or empty text"
+    ) in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()  # refused before a model loaded or anything was stored
+
+
+def test_many_bad_rows_are_counted_and_a_csvs_empty_cells_named(tmp_path: Path) -> None:
+    data = _math500_copy(tmp_path, [GOOD] + [{**GOOD, "answer": " "}] * 8)
+    with pytest.raises(
+        SpecError, match=r"column 'answer' \(`fields.answer`\): rows 1, 2, 3, 4, 5, \.\.\. \(8 in"
+    ):
+        _plan(tasks=("math500",), data=str(data), budget=256)
+    gpqa = shutil.copytree(HUB / "Idavidrein" / "gpqa", tmp_path / "gpqa")
+    csv = gpqa / "gpqa_diamond.csv"
+    lines = csv.read_text().splitlines()
+    lines[2] = ",".join(cell if i != 3 else "" for i, cell in enumerate(lines[2].split(",")))
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        SpecError,
+        match=r"--data .*gpqa has rows without a value .*\n  column 'Incorrect Answer 2' "
+        r"\(`fields.incorrect\[1\]`\): row 1\n",
+    ):
+        _plan(tasks=("gpqa-diamond",), data=str(gpqa), budget=256)
+
+
+def test_data_without_rows_the_task_keeps_is_named(tmp_path: Path) -> None:
+    task = tmp_path / "tasks" / "math500.yaml"
+    task.parent.mkdir()
+    builtin = Path(str(files("kvbench.tasks"))) / "math500.yaml"
+    task.write_text(builtin.read_text().replace("  split: test\n", "  split: test\n  where: {level: '9'}\n"))
+    data = HUB / "HuggingFaceH4" / "MATH-500"
+    with pytest.raises(
+        SpecError,
+        match=r"task 'math500': --data .*MATH-500 has no rows that `where` keeps \(\{'level': '9'\}\) in "
+        r"split 'test': give a copy with the task's problems, or fix the task's `split` or `where`",
+    ):
+        _plan(tasks=(str(task),), data=str(data), budget=256)
+
+
+def test_data_whose_rows_all_hold_values_still_plans(tmp_path: Path) -> None:
+    for data in (HUB / "HuggingFaceH4" / "MATH-500", _math500_copy(tmp_path, [{**GOOD, "answer": 0}])):
+        cells = plan(RunRequest(models=TINY, tasks=("math500",), data=str(data), budget=256))
+        assert {c.data for c in cells} == {str(data)}  # an answer 0 is a value
+
+
 @pytest.mark.parametrize("ratio", [0, 1, 0.5])  # 0 became the protocol's 4; 1 and 0.5 gave K >= N_avg
 def test_ratio_at_most_one(ratio: float) -> None:
     with pytest.raises(SpecError, match=rf"--ratio {ratio!r}: Input should be greater than 1"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvbench.core.seeding import stable_seed
+from kvbench.errors import SpecError
 from kvbench.probes.filler import filler_tokens
 
 Role = Literal["filler", "needle", "query", "answer"]
@@ -22,6 +23,10 @@ PASSKEY_QUERY = " What was the passcode again? The passcode is"
 FACT_NEEDLE = " Let {var} = {value}."
 FACT_QUERY = " Wait — I need the stored constants now. {var} ="
 VARIABLES = ("alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta")
+LEAD_IN = 8
+"""The fewest filler tokens before a needle."""
+ANSWER = 4
+"""The tokens a trace's length sets aside for the answer."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,17 @@ def needle_problem(
     else:
         var, value = rng.choice(VARIABLES), str(rng.randint(1000, 9999))
         needle, query = FACT_NEEDLE.format(var=var, value=value), FACT_QUERY.format(var=var)
-    before = max(length - depth - count_tokens(needle) - count_tokens(query) - 4, 8)
+    needle_tokens, query_tokens = count_tokens(needle), count_tokens(query)
+    around = needle_tokens + query_tokens + ANSWER + LEAD_IN  # the trace besides the depth's filler
+    if depth + around > length:
+        deeper = f"lower `source.depth` to at most {length - around} or " if length > around else ""
+        raise SpecError(
+            f"a {kind} probe of `source.length` {length} has no room for `source.depth` {depth} on this "
+            f"model's tokenizer: the needle ({needle_tokens} tokens), the query ({query_tokens}), the answer "
+            f"({ANSWER}) and at least {LEAD_IN} filler tokens before the needle take {around} tokens besides "
+            f"the depth's filler; {deeper}raise `source.length` to at least {depth + around}"
+        )
+    before = length - depth - needle_tokens - query_tokens - ANSWER
     pieces = (
         Piece("filler", filler_tokens(rng, count_tokens, before)),
         Piece("needle", needle),

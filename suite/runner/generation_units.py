@@ -17,7 +17,7 @@ from kvbench.runner.graded import graded_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
 from kvbench.specs.task import TaskSpec
-from kvbench.specs.task_data import Problem, load_problems
+from kvbench.specs.task_data import Problem, check_data, load_problems
 from kvbench.store.records import SampleRecord
 from kvbench.store.shards import problem_key
 
@@ -29,6 +29,9 @@ class HubSource(TaskSource):
     """A hub dataset's rows (or a --data copy of them) as problems; each is decoded, then graded."""
 
     local_data = True
+
+    def check_data(self, task: TaskSpec, data: Path) -> None:
+        check_data(task, data)
 
     def problems(
         self, task: TaskSpec, backend: Any, limit: int | None, data: Path | None, fingerprint: str | None

@@ -336,8 +336,10 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.samples is not None:  # validated as the task field; recorded as the cell's samples
         for task in tasks:
             with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
-    if request.data is not None and (len(tasks) != 1 or not task_source(tasks[0]).local_data):
-        raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
+    if request.data is not None:
+        if len(tasks) != 1 or not task_source(tasks[0]).local_data:
+            raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
+        task_source(tasks[0]).check_data(tasks[0], Path(request.data))
     policies = [_policy(p, request) for p in (request.policies or suite.policies)]
     ratios: list[float | None] = [request.ratio] if request.ratio is not None else [None]
     if request.ratio is None and suite.ratios:

@@ -10,6 +10,7 @@ import torch
 
 from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
+from kvbench.errors import SpecError
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
 from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
@@ -38,7 +39,10 @@ class ProbeTaskSource(TaskSource):
     ) -> list[ProbeProblem]:
         if backend is None:
             raise TypeError(f"task {task.name!r}: probes are laid out in tokens, so they need a backend")
-        return make_probe_problems(task.probe, limit, backend.encode)
+        try:
+            return make_probe_problems(task.probe, limit, backend.encode)
+        except SpecError as exc:  # the probe's layout on this model's tokenizer: named with its task
+            raise SpecError(f"task {task.name!r}: {exc}") from None
 
     def score(
         self,

@@ -46,6 +46,10 @@ class TaskSource(Protocol):
         """What of the source, beyond the task spec, enters every cell's identity."""
         return {}
 
+    def check_data(self, task: TaskSpec, data: Path) -> None:
+        """Refuse, before anything loads, a local copy (``--data``) whose rows this source cannot read;
+        only a source with ``local_data`` is asked."""
+
     def problems(
         self,
         task: TaskSpec,

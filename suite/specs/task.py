@@ -22,10 +22,39 @@ class ProbeSource(StrictSpec):
     length: int = pydantic.Field(gt=0, le=MAX_TOKENS)
     """Tokens of the teacher-forced trace (prompt excluded): the task's N_avg."""
     depth: int = pydantic.Field(default=0, ge=0, le=MAX_TOKENS)
-    """Filler tokens between the needle and its query (needle probes)."""
+    """Filler tokens between the needle and its query (needle probes), inside the trace of ``length``
+    tokens beside the needle, the query and the answer."""
     pin_heads: int | None = pydantic.Field(default=None, ge=0)
     """planted-fact ablation: protect the needle's slots in exactly this many KV heads of every layer."""
     seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
+
+    @pydantic.field_validator("depth")
+    @classmethod
+    def _depth_inside_the_trace(cls, depth: int, info: pydantic.ValidationInfo) -> int:
+        """A needle's depth lies inside the trace: a depth beyond it would lengthen the trace past
+        ``length`` (the task's N_avg) without a word. The exact room, which depends on how many tokens the
+        needle and the query take, is checked when a model's tokenizer lays the probe out."""
+        probe, length = info.data.get("probe"), info.data.get("length")
+        if probe == "fidelity" and depth:
+            raise ValueError(f"a fidelity probe has no needle, so `depth` ({depth}) is never read: remove it")
+        if probe is not None and length is not None and depth >= length:
+            raise ValueError(
+                f"`depth` {depth} does not fit in `length` {length}: depth counts the filler tokens between "
+                "the needle and its query inside the trace of `length` tokens, which also holds the needle, "
+                f"the query, the answer and filler before the needle; lower `depth` (the built-in probes put "
+                f"it at half of `length`: {length // 2}) or raise `length` (to about {2 * depth} for the "
+                "same proportions)"
+            )
+        return depth
+
+    @pydantic.field_validator("pin_heads")
+    @classmethod
+    def _pins_a_needle(cls, pin_heads: int | None, info: pydantic.ValidationInfo) -> int | None:
+        if pin_heads is not None and info.data.get("probe") == "fidelity":
+            raise ValueError(
+                f"a fidelity probe has no needle, so `pin_heads` ({pin_heads}) has nothing to pin: remove it"
+            )
+        return pin_heads
 
 
 class Fields(StrictSpec):

@@ -8,6 +8,7 @@ air-gapped users use their own copy).
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from typing import Any
 from kvbench.errors import PrerequisiteError, SpecError
 from kvbench.graders.registry import make_grader
 from kvbench.specs.task import HubDataset, TaskSpec
+
+SHOWN_ROWS = 5
+"""Rows named in an error about a column's values; the count covers them all."""
 
 
 @dataclass(frozen=True)
@@ -80,20 +84,73 @@ def _local_rows(task: TaskSpec, source: HubDataset, data: Path, fingerprint: str
 
 def _rows(
     task: TaskSpec, source: HubDataset, data: Path | None, fingerprint: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[tuple[int, dict[str, Any]]]:
+    """(index in the split, row) of each row the task's ``where`` keeps."""
     if data is not None:
         rows = _local_rows(task, source, data, fingerprint)
-        return [row for row in rows if all(str(row.get(k)) == v for k, v in source.where.items())]
-    try:
-        rows = _load(source, {"path": source.dataset, "revision": source.revision}, cache_dir=None)
-    except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
-        raise PrerequisiteError(
-            f"task {task.name!r} ({source.dataset} at revision {source.revision}) is not available offline "
-            f"({type(exc).__name__}): on a machine with network, load it once so that the datasets cache "
-            "holds it, or pass --data PATH with a local copy in the hub's layout"
-        ) from None
-    selected = [dict(row) for row in rows if all(str(row.get(k)) == v for k, v in source.where.items())]
-    return selected
+    else:
+        try:
+            rows = _load(source, {"path": source.dataset, "revision": source.revision}, cache_dir=None)
+        except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
+            raise PrerequisiteError(
+                f"task {task.name!r} ({source.dataset} at revision {source.revision}) is not available "
+                f"offline ({type(exc).__name__}): on a machine with network, load it once so that the "
+                "datasets cache holds it, or pass --data PATH with a local copy in the hub's layout"
+            ) from None
+    return [
+        (index, dict(row))
+        for index, row in enumerate(rows)
+        if all(str(row.get(k)) == v for k, v in source.where.items())
+    ]
+
+
+def _blank(value: Any) -> bool:
+    """A value that would reach a prompt or a gold answer as 'None', 'nan' or nothing at all."""
+    if isinstance(value, float):
+        return math.isnan(value)
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _check_rows(task: TaskSpec, rows: list[tuple[int, dict[str, Any]]], origin: str) -> None:
+    """There are rows; each holds every column the task reads; the id, question and answer columns (and a
+    choice task's options) hold a value in every row: not missing, not null, not empty or whitespace."""
+    source = task.dataset
+    fields = source.fields
+    if not rows:
+        kept = f" that `where` keeps ({source.where})" if source.where else ""
+        raise SpecError(
+            f"task {task.name!r}: {origin} has no rows{kept} in split {source.split!r}: give a copy with "
+            "the task's problems, or fix the task's `split` or `where`"
+        )
+    read = {f"fields.{name}": getattr(fields, name) for name in ("id", "question", "answer", "correct")}
+    read |= {f"fields.incorrect[{i}]": column for i, column in enumerate(fields.incorrect or [])}
+    valued = {name: column for name, column in read.items() if column is not None}
+    needed = [*valued.values(), *(fields.tests or [])]  # a code task's tests may be empty in a row
+    missing = sorted({c for c in needed if c not in rows[0][1]})
+    if missing:
+        raise SpecError(
+            f"task {task.name!r}: {origin} has no column(s) {', '.join(missing)} (columns: "
+            f"{', '.join(rows[0][1])}): give a copy in the hub's layout, or fix the task's `fields`"
+        )
+    problems = []
+    for name, column in valued.items():
+        blank = [str(index) for index, row in rows if _blank(row.get(column))]
+        if blank:
+            shown = ", ".join(blank[:SHOWN_ROWS]) + (", ..." if len(blank) > SHOWN_ROWS else "")
+            rows_named = f"row {shown}" if len(blank) == 1 else f"rows {shown} ({len(blank)} in all)"
+            problems.append(f"  column {column!r} (`{name}`): {rows_named}")
+    if problems:
+        raise SpecError(
+            f"task {task.name!r}: {origin} has rows without a value the task reads (missing, null, empty or "
+            f"only whitespace; rows counted from 0 in split {source.split!r}):\n" + "\n".join(problems) + "\n"
+            "Fill in those values or remove those rows: they would reach the prompts and gold answers as "
+            "'None' or empty text"
+        )
+
+
+def check_data(task: TaskSpec, data: Path) -> None:
+    """Refuse a local copy whose rows the task cannot read, before anything loads (`kvbench run --data`)."""
+    _check_rows(task, _rows(task, task.dataset, data), f"--data {data}")
 
 
 def load_problems(
@@ -105,17 +162,10 @@ def load_problems(
     fields = source.fields
     problems = []
     rows = _rows(task, source, data, fingerprint)
-    needed = [c for c in (fields.id, fields.question, fields.answer, fields.correct) if c is not None]
-    needed += [*(fields.incorrect or []), *(fields.tests or [])]
-    missing = sorted({c for c in needed if rows and c not in rows[0]})
-    if missing:
-        origin = f"--data {data}" if data is not None else f"{source.dataset} at {source.revision}"
-        raise SpecError(
-            f"task {task.name!r}: {origin} has no column(s) {', '.join(missing)} (columns: "
-            f"{', '.join(rows[0])}): give a copy in the hub's layout, or fix the task's `fields`"
-        )
+    origin = f"--data {data}" if data is not None else f"{source.dataset} at {source.revision}"
+    _check_rows(task, rows, origin)
     grader = make_grader(task.grader)
-    for index, row in enumerate(rows):
+    for index, (_, row) in enumerate(rows):
         problem_id = str(row[fields.id]) if fields.id else f"{source.split}-{index}"
         prompt, gold = grader.problem(task, row, problem_id, str(row[fields.question]))
         problems.append(Problem(problem_id, prompt, gold))
