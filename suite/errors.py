@@ -47,3 +47,8 @@ class BudgetError(KvbenchError):
 
 class PolicyOutputError(KvbenchError):
     """A scorer returned something the engine cannot select from; names the policy, layer and event."""
+
+
+class StorageError(KvbenchError):
+    """A file kvbench must write or read cannot be: its file system is full or read-only, or a database
+    is damaged. Names the file and what to do."""

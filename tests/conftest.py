@@ -8,7 +8,10 @@ converted from its GGUF file once per test run, exactly as on a new machine.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +55,21 @@ def tiny() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smol() -> LoadedModel:
     return load_model("smollm2-135m")
+
+
+SMALL_RUN = [
+    *("run", "--model", "tiny-qwen3", "--task", "passkey", "--policy", "streaming"),
+    *("--limit", "1", "--samples", "1", "--quiet"),
+]
+"""The smallest real `kvbench run`: one passkey problem, one sample, streaming against the null and the full
+cache (three runs, three shards)."""
+
+
+@pytest.fixture(scope="session")
+def small_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder written by ``SMALL_RUN`` (shards, database, snapshot): copy it before changing it."""
+    root = tmp_path_factory.mktemp("small")
+    kvbench = Path(sys.executable).parent / "kvbench"
+    done = subprocess.run([str(kvbench), *SMALL_RUN], capture_output=True, text=True, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "runs"
