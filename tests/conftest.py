@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from small_run import SMALL_RUN
 
 from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
 
@@ -55,14 +56,6 @@ def tiny() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smol() -> LoadedModel:
     return load_model("smollm2-135m")
-
-
-SMALL_RUN = [
-    *("run", "--model", "tiny-qwen3", "--task", "passkey", "--policy", "streaming"),
-    *("--limit", "1", "--samples", "1", "--quiet"),
-]
-"""The smallest real `kvbench run`: one passkey problem, one sample, streaming against the null and the full
-cache (three runs, three shards)."""
 
 
 @pytest.fixture(scope="session")

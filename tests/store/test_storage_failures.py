@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import duckdb
-from conftest import SMALL_RUN
 from filesystems import fill, kvbench_line, on_tmpfs, recorded
+from small_run import SMALL_RUN
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
