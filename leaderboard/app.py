@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from kvbench.errors import StorageError
 from kvbench.leaderboard import analysis, charts, downloads, permalink, queries
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
@@ -96,6 +97,15 @@ def main(database: Path | None = None, public: bool | None = None) -> None:
     st.title("kvbench leaderboard")
     database = database or Path(os.environ.get(DATABASE_ENV, DEFAULT_DATABASE))
     public = public_mode() if public is None else public
+    try:
+        _page(database, public)
+    except StorageError as exc:  # an empty or damaged file: named, with how to rebuild it
+        st.error(
+            "The results database cannot be read; its maintainer must rebuild it." if public else str(exc)
+        )
+
+
+def _page(database: Path, public: bool) -> None:
     if not queries.has_results(database):
         _empty_page(database, public)
         return
@@ -440,14 +450,16 @@ def _budget(budget, ratio) -> str:
 
 
 def _describe(doc: dict | None, policy: str) -> None:
+    """A policy's stored documentation, as plain text: a submitted run brings its own, and Markdown in it
+    must neither fetch an image nor add a heading to the page."""
     if doc is None:
-        st.caption(f"{policy}: no documentation was stored with its runs.")
+        st.text(f"{policy}: no documentation was stored with its runs.")
         return
-    st.markdown(f"**{policy}** — {doc['summary']}")
+    st.text(f"{policy} — {doc['summary']}")
     if doc["module_doc"]:
-        st.markdown(doc["module_doc"])
+        st.text(doc["module_doc"])
     needs = ", ".join(doc["needs"]) or "nothing beyond keys and values"
-    st.caption(f"source: {doc['module']} (as stored with its newest run) · needs: {needs}")
+    st.text(f"source: {doc['module']} (as stored with its newest run) · needs: {needs}")
 
 
 if __name__ == "__main__":

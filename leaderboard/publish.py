@@ -41,6 +41,11 @@ LEFT_OUT = {"ingested_files"}
 """Tables only the machine that ingests needs (which Parquet files it has merged)."""
 
 
+def _identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier (DuckDB takes no parameter for a table's name)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def public_copy(source: Path, target: Path) -> list[str]:
     """Write the publishable copy of ``source`` to ``target`` (replaced); returns the tables copied.
 
@@ -58,8 +63,9 @@ def public_copy(source: Path, target: Path) -> list[str]:
         ]
         copied = [t for t in tables if t not in LEFT_OUT]
         for table in copied:
-            select = _SELECT.get(table, f'SELECT * FROM src."{table}"')
-            con.execute(f'CREATE TABLE "{table}" AS {select}')
+            name = _identifier(table)  # a table's name is read from the source: quoted, never SQL
+            select = _SELECT.get(table, f"SELECT * FROM src.{name}")
+            con.execute(f"CREATE TABLE {name} AS {select}")
         con.execute("DETACH src")
         con.execute("CHECKPOINT")
     finally:

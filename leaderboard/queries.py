@@ -25,6 +25,7 @@ from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tas
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, most_complete, summarize
 from kvbench.specs.resolved import Role
+from kvbench.store.ingest import reading
 
 EXACT, CONTINUOUS = "exact match", "continuous"
 """Task kinds: a verdict per sample (pass@1, a probe's exact match) or a continuous metric (fidelity's
@@ -33,11 +34,9 @@ top-1 agreement): the table pools each kind on its own beside the pooled average
 
 @contextmanager
 def connect(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    con = duckdb.connect(str(database), read_only=True)
-    try:
+    """``database`` read-only; an empty or damaged file is a StorageError naming it and its rebuild."""
+    with reading(database) as con:
         yield con
-    finally:
-        con.close()
 
 
 def has_results(database: Path) -> bool:

@@ -7,12 +7,13 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from kvbench.commands import analyze, bench, check, leaderboard, lmeval, models, policies, run, submissions
 from kvbench.errors import KvbenchError
 
-errors = Console(stderr=True)
+# messages are printed as they are: a path or a name with "[/]" or ":smile:" in it stays that text
+errors = Console(stderr=True, markup=False, emoji=False, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,16 +24,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def fail(message: str) -> None:
+    """One error line on stderr, ``kvbench:`` in bold red before it."""
+    errors.print(Text.assemble(("kvbench:", "bold red"), " ", message), soft_wrap=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == [lmeval.COMMAND]:  # lm-eval parses its own arguments: argparse would claim its flags
         given = [lmeval.COMMAND, "--", *given[1:]]
     args = build_parser().parse_args(given)
+    command = f"`kvbench {args.command}`"
     try:
         return args.func(args)
     except KvbenchError as exc:
-        errors.print(f"[bold red]kvbench:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        fail(str(exc))
         return 2
+    except KeyboardInterrupt:
+        fail(
+            f"interrupted: {command} stopped before it finished. What it wrote is whole and kept; run the "
+            "same command again to go on (`kvbench run` computes only what is missing)."
+        )
+        return 130
+    except MemoryError:
+        fail(
+            f"out of memory: {command} stopped before it finished. Ask for less at once (fewer problems "
+            "or samples with --limit and --samples, a smaller model or budget) or use a machine with more "
+            "memory; what was written before is whole and kept."
+        )
+        return 1
+    except SystemExit as exc:
+        # kvbench's commands return their exit status: an exit from inside one (a scorer, a plugin, a
+        # library) ended its work early, so it never reads as a success
+        code = exc.code if isinstance(exc.code, int) and exc.code != 0 else 1
+        fail(
+            f"{command} did not finish: code it ran raised SystemExit({exc.code!r}) (exit() or sys.exit() "
+            "in a scorer, a plugin or a library), so its work is incomplete. Remove that exit and run the "
+            "same command again."
+        )
+        return code
 
 
 if __name__ == "__main__":

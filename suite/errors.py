@@ -51,3 +51,8 @@ class PolicyOutputError(KvbenchError):
 
 class ScorerError(KvbenchError):
     """A scorer raised, hung past its time limit, or its process died; names the policy, layer and event."""
+
+
+class StorageError(KvbenchError):
+    """A file kvbench must write or read cannot be: its file system is full or read-only, or a database
+    is damaged. Names the file and what to do."""

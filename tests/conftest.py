@@ -8,9 +8,13 @@ converted from its GGUF file once per test run, exactly as on a new machine.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from small_run import SMALL_RUN
 
 from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
 
@@ -52,3 +56,13 @@ def tiny() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smol() -> LoadedModel:
     return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def small_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder written by ``SMALL_RUN`` (shards, database, snapshot): copy it before changing it."""
+    root = tmp_path_factory.mktemp("small")
+    kvbench = Path(sys.executable).parent / "kvbench"
+    done = subprocess.run([str(kvbench), *SMALL_RUN], capture_output=True, text=True, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "runs"

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from filesystems import kvbench_line, on_tmpfs, recorded
 from synthetic_adapter import SyntheticBackend, synthetic_model
 
 from kvbench.core.schedule import Schedule
@@ -89,3 +94,122 @@ def test_python_dash_m_kvbench() -> None:
         [sys.executable, "-m", "kvbench", "list", "policies"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "random\t" in result.stdout
+
+
+# What the command line says when something fails: one line naming the file or flag and what to do, a
+# non-zero exit, never a traceback and never a silent success.
+
+
+def scorer(folder: Path, body: str, name: str = "bad") -> str:
+    """A user's scorer file whose ``score`` runs ``body``; its --policy argument."""
+    (folder / "scorer.py").write_text(
+        "from kvbench import EvictionView, Policy, policy\n\n\n"
+        f'@policy({name!r})\nclass Scorer(Policy):\n    """A test scorer."""\n\n'
+        f"    def score(self, view: EvictionView):\n        {body}\n"
+    )
+    return f"{folder / 'scorer.py'}:Scorer"
+
+
+TINY_RUN = ["--model", "tiny-qwen3", "--task", "passkey", "--limit", "1", "--samples", "1", "--quiet"]
+
+
+def test_a_scorer_that_calls_exit_never_reads_as_a_success(tmp_path: Path) -> None:
+    done = kvbench("run", "--policy", scorer(tmp_path, "raise SystemExit(0)"), *TINY_RUN, cwd=tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.startswith("kvbench: "), done.stderr
+    assert "SystemExit(0)" in done.stderr and "Traceback" not in done.stderr
+
+
+def plugin(site: Path, raises: str) -> dict[str, str]:
+    """An installed policy plugin (an entry point in group kvbench.policies) whose import raises; the
+    environment that puts it on the path."""
+    info = site / "badplug-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: badplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvbench.policies]\nbad = badplug:Bad\n")
+    (site / "badplug.py").write_text(f"raise {raises}\n")
+    return {**os.environ, "PYTHONPATH": str(site)}
+
+
+@pytest.mark.parametrize(
+    ("raises", "status", "says"),
+    [
+        ("SystemExit(0)", 1, "`kvbench list` did not finish: code it ran raised SystemExit(0)"),
+        ("SystemExit(3)", 3, "`kvbench list` did not finish: code it ran raised SystemExit(3)"),
+        ("MemoryError()", 1, "out of memory: `kvbench list` stopped before it finished."),
+    ],
+)
+def test_an_exit_or_memory_error_inside_a_command_is_one_line_and_a_failure(
+    tmp_path: Path, raises: str, status: int, says: str
+) -> None:
+    done = subprocess.run(
+        [KVBENCH, "list", "policies"], capture_output=True, text=True, env=plugin(tmp_path, raises)
+    )
+    assert done.returncode == status
+    assert done.stderr.startswith(f"kvbench: {says}"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [KVBENCH, "run", "--policy", "snapkv", *TINY_RUN[:4], "--limit", "8", "--quiet"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a SIGINT ignored by whatever started pytest is inherited: the run gets it as under a user's shell
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((tmp_path / "runs" / "shards").glob("*/*.parquet")):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.startswith("kvbench: interrupted: `kvbench run` stopped before it finished."), err
+    assert "run the same command again" in err and "Traceback" not in err
+
+
+def test_error_text_is_printed_as_it_is(tmp_path: Path) -> None:
+    done = kvbench("run", "--policy", "x[/]y:thumbs_up:", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "'x[/]y:thumbs_up:'" in done.stderr and "👍" not in done.stderr, done.stderr
+
+
+def test_json_into_a_missing_folder_is_made_before_the_run(small_results: Path, tmp_path: Path) -> None:
+    shutil.copytree(small_results, tmp_path / "runs")
+    target = tmp_path / "reports" / "today" / "run.json"
+    done = kvbench("run", "--policy", "streaming", *TINY_RUN, "--json", str(target), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert {row["policy"] for row in json.loads(target.read_text())["rows"]} == {
+        "streaming",
+        "random",
+        "full",
+    }
+
+
+def test_json_where_no_folder_can_be_made_fails_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file, not a folder")
+    started = time.perf_counter()
+    done = kvbench("run", "--policy", "streaming", *TINY_RUN, "--json", "taken/run.json", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvbench: --json taken/run.json: cannot write in taken"), done.stderr
+    assert "give a path you can write to" in done.stderr
+    assert not (tmp_path / "runs" / "shards").exists()  # nothing ran
+    assert time.perf_counter() - started < 60
+
+
+def test_a_read_only_results_folder_fails_before_the_run(tmp_path: Path) -> None:
+    mount, log = tmp_path / "ro", tmp_path / "log"
+    log.mkdir()
+    on_tmpfs(
+        mount,
+        f"mount -o remount,ro {mount}\n"
+        + kvbench_line(["run", "--policy", "streaming", *TINY_RUN, "--out", f"{mount}/runs"], log / "ro"),
+        size="1m",
+    )
+    status, out, err = recorded(log / "ro")
+    assert status == 2
+    assert err.startswith(f"kvbench: --out {mount}/runs: cannot write in {mount}/runs"), err
+    assert "Read-only file system" in err and "give a path you can write to" in err
+    assert out == ""  # no table: it stopped before running

@@ -26,11 +26,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def values_command(args: argparse.Namespace) -> int:
     import pandas as pd
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from kvbench.analysis.collect import collect, write_table
     from kvbench.analysis.figures import FIGURES
+    from kvbench.commands.common import console
     from kvbench.errors import SpecError
     from kvbench.store.ingest import ingest
 
@@ -54,7 +55,6 @@ def values_command(args: argparse.Namespace) -> int:
     path = write_table(analysis, args.db)
     ingest(args.db)
     table = pd.DataFrame([s.__dict__ for s in analysis.stats])
-    console = Console()
     title = f"{analysis.model} on {analysis.task}: {analysis.problems} traces, {analysis.tokens} tokens"
     summary = Table(title=title)
     summary.add_column("layer", justify="right")
@@ -88,6 +88,6 @@ def values_command(args: argparse.Namespace) -> int:
                 written.append(f"{analysis.analysis_id}-{name}.png")
             except (ValueError, ImportError, RuntimeError) as exc:  # plotly draws PNGs through kaleido
                 why = type(exc).__name__
-                console.print(f"[yellow]no PNG for {name} ({why}): PNGs need `pip install kaleido`[/]")
+                console.print(Text(f"no PNG for {name} ({why}): PNGs need `pip install kaleido`", "yellow"))
             console.print(f"figure: {', '.join(written)}")
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
+from rich.text import Text
 
 from kvbench.commands.common import console
 
@@ -73,9 +74,12 @@ def check_command(args: argparse.Namespace) -> int:
         manifest, reference = read_reference(path)
         if manifest.get("suite_sha256") != suite_sha256:
             console.print(
-                f"[red]suite {suite.name!r} changed since its reference was written[/] "
-                f"({manifest.get('suite_sha256', '?')[:12]} -> {suite_sha256[:12]}): the reference no longer "
-                f"describes it; review, then run `kvbench check --suite {args.suite} --update-reference`"
+                Text.assemble(
+                    (f"suite {suite.name!r} changed since its reference was written", "red"),
+                    f" ({manifest.get('suite_sha256', '?')[:12]} -> {suite_sha256[:12]}): the reference no "
+                    f"longer describes it; review, then run `kvbench check --suite {args.suite} "
+                    "--update-reference`",
+                )
             )
             return 1
     cells = plan(RunRequest(suite=args.suite))
@@ -112,7 +116,7 @@ def check_command(args: argparse.Namespace) -> int:
                 _estimate(f.reference),
                 _estimate(f.now),
                 "—" if f.tolerance is None else f"{f.tolerance:.4f}",
-                f"[red]{f.status}[/]" if f.fails else f.status,
+                Text(f.status, style="red") if f.fails else f.status,
                 f.detail,
             )
         console.print(table)

@@ -4,13 +4,42 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 from rich.console import Console
 
 from kvbench.core.schedule import Schedule
+from kvbench.errors import StorageError
 
-# Piped output is not wrapped at 80 columns: tables stay readable in logs and CI.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Piped output is not wrapped at 80 columns: tables stay readable in logs and CI. Text is printed as it
+# is: a policy name, a path or a message with "[/]" or ":smile:" in it is neither Rich markup nor an
+# emoji code (style goes through rich.text.Text).
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
+
+
+def output_folder(folder: Path, flag: str) -> Path:
+    """``folder`` made if missing and checked writable before any work is done, so that a results folder
+    that cannot take a file fails now, naming its flag, and not after the run."""
+    _writable(folder, flag, folder)
+    return folder
+
+
+def output_file(path: Path, flag: str) -> Path:
+    """``path``'s folder made if missing and checked writable before any work is done (as output_folder)."""
+    _writable(path.parent, flag, path)
+    return path
+
+
+def _writable(folder: Path, flag: str, given: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise StorageError(
+            f"{flag} {given}: cannot write in {folder} ({exc.strerror or exc}); give a path you can write to"
+        ) from exc
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, budget: int | None = None) -> None:

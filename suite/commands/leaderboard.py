@@ -34,6 +34,10 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     import kvbench.leaderboard
     from kvbench.leaderboard.app import DATABASE_ENV
     from kvbench.leaderboard.public import PUBLIC_ENV
+    from kvbench.leaderboard.queries import has_results
+
+    if args.db.exists():
+        has_results(args.db)  # an empty or damaged file fails here, named, before a server starts
 
     app = Path(kvbench.leaderboard.__file__).with_name("app.py")
     command = [

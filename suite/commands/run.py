@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from kvbench.commands.common import console
+from kvbench.commands.common import console, output_file, output_folder
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -159,8 +159,12 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.results.report import as_dicts
     from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import plan
+    from kvbench.store.atomic import atomic_write
     from kvbench.store.ingest import ingest
 
+    output_folder(args.out, "--out")  # before any work: a folder that cannot take the results fails now
+    if args.json:
+        output_file(args.json, "--json")
     started = time.perf_counter()
     cells = plan(run_request(args))
     executor: Executor | None = None  # this process
@@ -194,9 +198,8 @@ def run_command(args: argparse.Namespace) -> int:
     )
     console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
     if args.json:
-        args.json.write_text(
-            json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
-        )
+        text = json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
+        atomic_write(args.json, lambda temp: temp.write_text(text))
     return 0
 
 
@@ -231,17 +234,13 @@ def run_request(args: argparse.Namespace) -> RunRequest:
 def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
     """One row per cell, in the cells' order; each (model, task, budget) is one table of the builder. Here,
     beside the runner's cells, so that results never import the runner."""
-    import duckdb
-
     from kvbench.results.comparison import compare_table, stored_runs
     from kvbench.results.summary import summarize
+    from kvbench.store.ingest import reading
 
-    con = duckdb.connect(str(database), read_only=True)
-    try:
+    with reading(database) as con:
         runs = {r.run_id: r for r in stored_runs(con, run_ids=[c.run_id for c in cells])}
         summaries = summarize(con, list(runs))
-    finally:
-        con.close()
     results: dict[str, ArmResult] = {}
     tables: dict[tuple[str, str, int | None], None] = dict.fromkeys(
         (c.model.name, c.task.name, c.budget) for c in cells if c.role != Role.REFERENCE
@@ -390,6 +389,7 @@ def grade_command(args: argparse.Namespace) -> int:
     from kvbench.runner.regrade import regrade
     from kvbench.store.ingest import ingest
 
+    output_folder(args.out, "--out")
     report = regrade(args.out, args.run, allow_code_execution=args.allow_code_execution)
     ingest(args.out)
     print(f"re-graded {report.samples} samples of run {report.run_id}: {report.changed} verdicts changed")
@@ -451,6 +451,7 @@ def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:
 def ingest_command(args: argparse.Namespace) -> int:
     from kvbench.store.ingest import ingest
 
+    output_folder(args.out, "--out")
     report = ingest(args.out, rebuild=args.rebuild)
     print(f"ingested {report.files} new shard files from {report.runs} runs into {report.database}")
     return 0

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
+from rich.text import Text
 
-from kvbench.commands.common import console
+from kvbench.commands.common import console, output_file
 from kvbench.errors import SpecError
+from kvbench.store.atomic import atomic_write
 
 if TYPE_CHECKING:
     from kvbench.submissions.rules import Checked
@@ -49,9 +51,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(func=export_command)
 
     accept = commands.add_parser("accept", help="check a bundle against every rule and add it to a board")
-    accept.add_argument("bundle", type=Path)
+    accept.add_argument("bundle", type=Path, nargs="?", help="the bundle (none with --rebuild)")
     accept.add_argument("--db", type=Path, required=True, help="the leaderboard's DuckDB file")
     accept.add_argument("--by", help="who accepts it (default: this user)")
+    accept.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the board's database again from the bundles it accepted (kept in submissions/ beside "
+        "it, with their withdrawals and verifications); the old file is replaced only once the new one is "
+        "complete",
+    )
     accept.set_defaults(func=accept_command)
 
     verify = commands.add_parser("verify", help="re-run a seeded sample of a bundle's problems here")
@@ -134,18 +143,33 @@ def _checked(bundle: Path) -> Iterator[_Opened]:
 
 def _refused(bundle: Path, failures: list) -> int:
     console.print(
-        f"[bold red]{bundle}: refused[/], {len(failures)} rule(s) broken; nothing was written:",
+        Text.assemble(
+            (f"{bundle}: refused", "bold red"), f", {len(failures)} rule(s) broken; nothing was written:"
+        ),
         highlight=False,
     )
     for failure in failures:
-        console.print(f"  {failure}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"  {failure}", highlight=False, soft_wrap=True)
     return 1
 
 
 def accept_command(args: argparse.Namespace) -> int:
-    from kvbench.submissions.board import accept
+    from kvbench.submissions.board import accept, rebuild
 
     started = time.perf_counter()
+    if args.rebuild:
+        if args.bundle is not None:
+            raise SpecError(f"--rebuild builds {args.db} from the bundles it kept: give no bundle with it")
+        rebuilt = rebuild(args.db)
+        console.print(
+            f"rebuilt {args.db} from {rebuilt.submissions} accepted bundle(s) ({rebuilt.withdrawn} "
+            f"withdrawn): {rebuilt.runs} runs in {time.perf_counter() - started:.1f} s; the board reads "
+            f"{rebuilt.snapshot}",
+            highlight=False,
+        )
+        return 0
+    if args.bundle is None:
+        raise SpecError("give the bundle to accept, or --rebuild to build the board again from its bundles")
     with _checked(args.bundle) as opened:
         if opened.checked.failures:
             return _refused(args.bundle, opened.checked.failures)
@@ -164,6 +188,8 @@ def verify_command(args: argparse.Namespace) -> int:
 
     if args.sample < 1:
         raise SpecError(f"--sample {args.sample}: re-run at least 1 problem per task")
+    if args.json is not None:
+        output_file(args.json, "--json")  # before the re-runs, not after them
     data = {}
     for item in args.data:
         task, eq, path = item.partition("=")
@@ -200,9 +226,8 @@ def verify_command(args: argparse.Namespace) -> int:
         markup=False,
     )
     if args.json is not None:
-        args.json.write_text(
-            json.dumps({"bundle_sha256": sha256, "outcomes": [o.record() for o in outcomes]})
-        )
+        text = json.dumps({"bundle_sha256": sha256, "outcomes": [o.record() for o in outcomes]})
+        atomic_write(args.json, lambda temp: temp.write_text(text))
     if args.db is not None:
         record_verification(args.db, sha256, [{**o.record(), "seed": seed} for o in outcomes])
     return 1 if any(o.outcome == "failed" for o in outcomes) else 0

@@ -15,12 +15,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
-
 from kvbench.errors import SpecError
 from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.resolved import Role
+from kvbench.store.ingest import reading
 
 
 @dataclass(frozen=True)
@@ -73,13 +72,10 @@ COLUMNS = (
 
 
 def compare(database: Path, filters: Filters) -> list[dict]:
-    con = duckdb.connect(str(database), read_only=True)
-    try:
+    with reading(database) as con:  # an empty or damaged file is named, with how to rebuild it
         # every filter is a bound parameter: widget or CLI values never become SQL
         runs = stored_runs(con, model=filters.model, protocol=filters.protocol)
         summaries = summarize(con, [r.run_id for r in runs], filters.quantity)
-    finally:
-        con.close()
     runs = [r for r in runs if filters.seed is None or r.seed == filters.seed]
     stored = {r.task for r in runs}
     for name, tasks in filters.pools:

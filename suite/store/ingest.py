@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import duckdb
 import pyarrow as pa
 
-from kvbench.errors import PrerequisiteError
-from kvbench.store.atomic import atomic_write
+from kvbench.errors import PrerequisiteError, StorageError
+from kvbench.store.atomic import atomic_write, write_failure
 from kvbench.store.records import (
     SAMPLE_KEY,
     SCHEMA_VERSION,
@@ -41,6 +42,85 @@ def snapshot_of(database: Path) -> Path:
     """The copy of ``database`` published after each write, which readers open (read-only), so that they
     never hold a lock a writer needs."""
     return database.with_name(f"{database.stem}.snapshot{database.suffix}")
+
+
+def writer_of(database: Path) -> Path:
+    """The writer's file of a snapshot (a writer's file is its own)."""
+    stem = database.stem
+    return database.with_name(stem.removesuffix(".snapshot") + database.suffix)
+
+
+def rebuild_hint(database: Path) -> str:
+    """How to rebuild ``database`` (a writer's file or its snapshot): a results folder's from its shards, a
+    leaderboard's from the bundles it accepted (kept in ``submissions/`` beside it)."""
+    root = database.parent
+    ingest = f"`kvbench ingest --rebuild --out {root}` rebuilds a results folder's database from its shards"
+    board = f"`kvbench accept --rebuild --db {writer_of(database)}` rebuilds a leaderboard's from its bundles"
+    if (root / "shards").is_dir():
+        return f"Rebuild it: {ingest}"
+    if (root / "submissions").is_dir():
+        return f"Rebuild it: {board}"
+    return f"Rebuild it: {ingest}; {board}"
+
+
+_FULL = ("No space left", "Disk quota", "File too large")
+_DENIED = ("Permission denied", "Read-only file system")
+_DAMAGED = (
+    duckdb.IOException,
+    duckdb.SerializationException,
+    duckdb.InternalException,
+    duckdb.FatalException,
+)
+
+
+def database_failure(database: Path, exc: duckdb.Error, fix: str) -> StorageError | None:
+    """What to tell the user when DuckDB failed on ``database``: its file system is full or read-only,
+    another process holds it, or it is damaged (then ``fix`` says how to rebuild it); None for any other
+    error (the original then says more). DuckDB's errors carry no errno: its message says which."""
+    text = str(exc)
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if any(marker in text for marker in _FULL):
+        return StorageError(
+            f"cannot write {database}: {line}. Free space on its file system, then run the same command "
+            "again: nothing stored is lost (a failed write leaves the database as it was)"
+        )
+    if any(marker in text for marker in _DENIED):
+        return StorageError(
+            f"cannot write {database}: {line}. Give a folder you can write to, or make this one writable"
+        )
+    if "Conflicting lock" in text:
+        return StorageError(
+            f"{database} is open in another process ({line}): let it finish or stop it; readers such as "
+            "the leaderboard open the snapshot, never this file"
+        )
+    if isinstance(exc, _DAMAGED):
+        return StorageError(
+            f"{database} cannot be read: it is damaged or not a DuckDB database ({line}). {fix}"
+        )
+    return None
+
+
+def _raise_for(database: Path, exc: duckdb.Error, fix: str) -> NoReturn:
+    failure = database_failure(database, exc, fix)
+    if failure is None:
+        raise exc
+    raise failure from exc
+
+
+@contextmanager
+def reading(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``database`` opened read-only. A file that does not read as a DuckDB database (empty, truncated)
+    is a StorageError naming it and how to rebuild it, wherever in the block DuckDB finds out."""
+    try:
+        con = duckdb.connect(str(database), read_only=True)
+    except duckdb.Error as exc:
+        _raise_for(database, exc, rebuild_hint(database))
+    try:
+        yield con
+    except duckdb.Error as exc:
+        _raise_for(database, exc, rebuild_hint(database))
+    finally:
+        con.close()
 
 
 SCHEMA = f"""
@@ -75,8 +155,16 @@ def _fingerprint(path: Path) -> str:
 
 @contextmanager
 def writer_lock(root: Path):
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".ingest.lock", "w") as handle:
+    lock = root / ".ingest.lock"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "w")  # noqa: SIM115 (closed below, after the lock is released)
+    except OSError as exc:
+        failure = write_failure(lock, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -100,41 +188,71 @@ SERVE_DETAILS = (
 def _ingest_bench(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     """`kvbench bench decode --out` and `kvbench bench serve --out` results (runs/bench/*.json): speed and
     KV memory per policy. A serve row's tokens/s is output tokens/s under a fixed pool, its memory the
-    most KV blocks held; its concurrency, preemptions and TPOT are in ``details``."""
+    most KV blocks held; its concurrency, preemptions and TPOT are in ``details``. Every file is read
+    before any is written: one that does not read as a record is named, and nothing is ingested."""
+    rows: dict[Path, list[list]] = {}
+    bad = []
     for path in sorted((root / "bench").glob("*.json")):
-        record = json.loads(path.read_text())
-        settings = record["settings"]
-        serve = path.name.startswith("serve-")
-        for r in record["results"]:
-            if serve:
-                block_bytes = r["extra"]["block_bytes"]
-                full = record["results"][0]
-                values = [r["output_len"], r["output_tokens_per_second"], r["speed_vs_full"],
-                          r["peak_blocks"] * block_bytes, r["peak_blocks"] / max(full["peak_blocks"], 1),
-                          r["select_ms_per_event"] + r["move_ms_per_event"]]  # fmt: skip
-                details = {k: r[k] for k in SERVE_DETAILS}
-            else:
-                values = [r["tokens"], r["tokens_per_second"], r["speed_vs_full"], r["peak_kv_bytes"],
-                          r["memory_vs_full"], r["ms_per_event"]]  # fmt: skip
-                details = {k: r[k] for k in ("precision", "kv_budget_tokens") if r.get(k) is not None}
-            con.execute(
+        try:
+            rows[path] = _bench_rows(path)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            bad.append(f"{path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '-'}")
+    if bad:
+        raise PrerequisiteError(
+            f"{len(bad)} benchmark record(s) under {root / 'bench'} do not read as `kvbench bench` "
+            "results; nothing was ingested:\n  " + "\n  ".join(bad) + "\nMove each away (or delete it) "
+            f"and run `kvbench ingest --out {root}` again; `kvbench bench decode --out {root}` records a "
+            "benchmark anew."
+        )
+    for path, values in rows.items():
+        try:
+            con.executemany(
                 "INSERT OR IGNORE INTO bench (file, created, model, policy, budget, buffer, tokens, "
                 "tokens_per_second, speed_vs_full, peak_kv_bytes, memory_vs_full, ms_per_event, machine, "
                 "kind, adapter, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    path.name,
-                    record["created"],
-                    settings["model"],
-                    r["policy"],
-                    settings["budget"],
-                    settings["buffer"],
-                    *values,
-                    json.dumps(record["machine"]),
-                    "serve" if serve else "decode",
-                    settings.get("adapter", "hf"),
-                    json.dumps(details),
-                ],
+                values,
             )
+        except duckdb.ConversionException as exc:
+            raise PrerequisiteError(
+                f"{path}: a value of the wrong type ({str(exc).splitlines()[0]}); nothing was ingested. Move "
+                f"it away (or delete it) and run `kvbench ingest --out {root}` again."
+            ) from exc
+
+
+def _bench_rows(path: Path) -> list[list]:
+    """The bench table's rows of one `kvbench bench` record."""
+    record = json.loads(path.read_text())
+    settings = record["settings"]
+    serve = path.name.startswith("serve-")
+    rows = []
+    for r in record["results"]:
+        if serve:
+            block_bytes = r["extra"]["block_bytes"]
+            full = record["results"][0]
+            values = [r["output_len"], r["output_tokens_per_second"], r["speed_vs_full"],
+                      r["peak_blocks"] * block_bytes, r["peak_blocks"] / max(full["peak_blocks"], 1),
+                      r["select_ms_per_event"] + r["move_ms_per_event"]]  # fmt: skip
+            details = {k: r[k] for k in SERVE_DETAILS}
+        else:
+            values = [r["tokens"], r["tokens_per_second"], r["speed_vs_full"], r["peak_kv_bytes"],
+                      r["memory_vs_full"], r["ms_per_event"]]  # fmt: skip
+            details = {k: r[k] for k in ("precision", "kv_budget_tokens") if r.get(k) is not None}
+        rows.append(
+            [
+                path.name,
+                record["created"],
+                settings["model"],
+                r["policy"],
+                settings["budget"],
+                settings["buffer"],
+                *values,
+                json.dumps(record["machine"]),
+                "serve" if serve else "decode",
+                settings.get("adapter", "hf"),
+                json.dumps(details),
+            ]
+        )
+    return rows
 
 
 def _ingest_analyses(con: duckdb.DuckDBPyConnection, root: Path) -> None:
@@ -143,9 +261,10 @@ def _ingest_analyses(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     files = sorted((root / "analysis").glob("values-*.parquet"))
     if not files:
         return
-    paths = ", ".join(f"'{p.as_posix()}'" for p in files)
+    # the paths are a bound list: a file's name (or the results folder's) never becomes SQL
     con.execute(
-        f"CREATE OR REPLACE TABLE value_analysis AS SELECT * FROM read_parquet([{paths}], union_by_name=true)"
+        "CREATE OR REPLACE TABLE value_analysis AS SELECT * FROM read_parquet(?, union_by_name=true)",
+        [[p.as_posix() for p in files]],
     )
 
 
@@ -168,7 +287,10 @@ def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDB
     """One transaction on ``database`` with ``schema``'s tables created and its record schema checked
     (``fix`` says what to do about another): committed and checkpointed when the block ends, else rolled
     back, so that a failed write leaves the database as it was. Hold the writer lock around it."""
-    con = duckdb.connect(str(database))
+    try:
+        con = duckdb.connect(str(database))
+    except duckdb.Error as exc:
+        _raise_for(database, exc, fix)
     try:
         con.execute("BEGIN TRANSACTION")
         con.execute(schema)
@@ -181,9 +303,11 @@ def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDB
         yield con
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
             con.execute("ROLLBACK")
+        if isinstance(exc, duckdb.Error):  # a full disk, a read-only folder or a damaged file, named
+            _raise_for(database, exc, fix)
         raise
     finally:
         con.close()
@@ -195,7 +319,7 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
     shard_root = root / "shards"
     if fresh:
         database.unlink()  # DuckDB creates its file itself
-    fix = f"the shards are the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
+    fix = f"The shards are the source of truth; rebuild it from them: `kvbench ingest --rebuild --out {root}`"
     with transaction(database, SCHEMA, fix) as con:
         done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
         seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}

@@ -1,16 +1,24 @@
 """The leaderboard database's side of submissions: accepting a checked bundle, withdrawing it, and
 recording what `kvbench verify` found. Each write is one transaction under the ingest's writer lock, and
-is followed by a fresh read-only snapshot beside the database, which is what the app serves."""
+is followed by a fresh read-only snapshot beside the database, which is what the app serves.
+
+The board's source of truth is its ``submissions/`` folder beside the database, as a results folder's is
+its shards: each accepted bundle as ``<sha256>.tar.gz`` and its record as ``<sha256>.json`` (who accepted
+it and when, its withdrawal, its verifications), rewritten with every write. :func:`rebuild` makes the
+database anew from them.
+"""
 
 from __future__ import annotations
 
 import getpass
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +28,10 @@ import pyarrow as pa
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
 from kvbench.store.atomic import atomic_write
-from kvbench.store.ingest import SCHEMA, snapshot_of, transaction, writer_lock
+from kvbench.store.ingest import SCHEMA, reading, snapshot_of, transaction, writer_lock
 from kvbench.store.records import RunRecord, arrow_schema
-from kvbench.submissions.contents import arrow_rows
+from kvbench.submissions.bundle import open_bundle, sha256_file
+from kvbench.submissions.contents import arrow_rows, load_samples, stored_runs
 from kvbench.submissions.rules import Checked
 
 SUBMISSION_TABLES = """
@@ -42,12 +51,39 @@ CREATE TABLE IF NOT EXISTS verifications (
 """``added``: the submission brought the run (it was not stored before), so withdrawing may remove it."""
 
 
+KEPT = "submissions"
+"""The folder beside the board's database holding each accepted bundle and its record."""
+
+
+def _rebuild_fix(database: Path) -> str:
+    return f"Rebuild it from the bundles it accepted: `kvbench accept --rebuild --db {database}`"
+
+
 @contextmanager
 def _writing(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     with writer_lock(database.parent):
-        with transaction(database, SCHEMA + SUBMISSION_TABLES, "rebuild it first") as con:
+        with transaction(database, SCHEMA + SUBMISSION_TABLES, _rebuild_fix(database)) as con:
             yield con
+            _keep_records(con, database.parent / KEPT)
         atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
+
+
+def _keep_records(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    """Every submission's record (its row and its verifications) as ``<sha256>.json`` in ``folder``,
+    written before the transaction commits: a record the database does not hold yet is one the maintainer
+    asked for, which a rebuild carries out."""
+    found = con.execute("SELECT * FROM submissions ORDER BY accepted_at")
+    names = [d[0] for d in found.description]
+    for row in found.fetchall():
+        record = dict(zip(names, row, strict=True))
+        record["verifications"] = con.execute(
+            "SELECT * FROM verifications WHERE bundle_sha256 = ? ORDER BY verified_at, run_id",
+            [record["bundle_sha256"]],
+        ).fetchall()
+        text = json.dumps(record, indent=1)
+        path = folder / f"{record['bundle_sha256']}.json"
+        if not path.is_file() or path.read_text() != text:
+            atomic_write(path, partial(Path.write_text, data=text))
 
 
 @dataclass(frozen=True)
@@ -64,6 +100,17 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
     when. A run already stored must hold the same outputs; the bundle file is kept beside the database."""
     assert not checked.failures and checked.samples is not None
     manifest = checked.manifest
+    submission = {
+        "bundle_sha256": sha256,
+        "submitter": manifest.get("submitter") or "",
+        "description": manifest.get("description") or "",
+        "created": manifest.get("created"),
+        "accepted_at": time.time(),
+        "accepted_by": accepted_by or getpass.getuser(),
+        "kvbench_version": manifest.get("kvbench"),
+        "withdrawn_at": None,
+        "withdrawn_reason": None,
+    }
     with _writing(database) as con:
         known = con.execute(
             "SELECT withdrawn_at FROM submissions WHERE bundle_sha256 = ?", [sha256]
@@ -73,7 +120,7 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
             raise PrerequisiteError(
                 f"bundle {sha256[:16]} was already {state} in {database}; nothing written"
             )
-        stored = {r[0] for r in con.execute("SELECT DISTINCT run_id FROM runs").fetchall()}
+        stored = _stored(con)
         ids = [run.run_id for run in checked.runs]
         # the same runs exported again make another bundle: a withdrawal covers the runs, not just the file
         withdrawn = con.execute(
@@ -99,38 +146,55 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
             raise PrerequisiteError(
                 "runs with the same identity but other outputs; nothing written:\n  " + "\n  ".join(clashes)
             )
-        new = [run for run in checked.runs if run.run_id not in stored]
-        if new:
-            rows = [RunRecord.from_manifest(run.manifest).row() for run in new]
-            con.register("new_runs", pa.Table.from_pylist(rows, schema=arrow_schema(RunRecord)))
-            con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
-            samples = arrow_rows(
-                checked.samples,
-                "SELECT * FROM samples WHERE list_contains(?, run_id)",
-                [[r.run_id for r in new]],
-            )
-            con.register("new_samples", samples)
-            con.execute("INSERT INTO samples BY NAME SELECT * FROM new_samples")
-        con.execute(
-            "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
-            [
-                sha256,
-                manifest.get("submitter") or "",
-                manifest.get("description") or "",
-                manifest.get("created"),
-                time.time(),
-                accepted_by or getpass.getuser(),
-                manifest.get("kvbench"),
-            ],
-        )
-        con.executemany(
-            "INSERT INTO submission_runs VALUES (?, ?, ?)", [[sha256, i, i not in stored] for i in ids]
-        )
+        new = _store(con, checked, submission, stored)
         count = checked.samples.execute("SELECT count(*) FROM samples").fetchone()
-        kept = database.parent / "submissions" / f"{sha256}.tar.gz"
-        kept.parent.mkdir(exist_ok=True)
-        shutil.copyfile(bundle, kept)
-    return Accepted(sha256, len(ids), len(new), count[0] if count else 0, snapshot_of(database))
+        kept = database.parent / KEPT / f"{sha256}.tar.gz"
+        atomic_write(kept, lambda temp: shutil.copyfile(bundle, temp))
+    return Accepted(sha256, len(ids), new, count[0] if count else 0, snapshot_of(database))
+
+
+def _stored(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT DISTINCT run_id FROM runs").fetchall()}
+
+
+def _store(
+    con: duckdb.DuckDBPyConnection, checked: Checked, submission: dict[str, Any], stored: set[str]
+) -> int:
+    """A checked bundle's runs and samples that ``stored`` lacks, its ``submissions`` row and which runs
+    it holds; how many runs it added."""
+    assert checked.samples is not None
+    sha256 = submission["bundle_sha256"]
+    ids = [run.run_id for run in checked.runs]
+    new = [run for run in checked.runs if run.run_id not in stored]
+    if new:
+        rows = [RunRecord.from_manifest(run.manifest).row() for run in new]
+        con.register("new_runs", pa.Table.from_pylist(rows, schema=arrow_schema(RunRecord)))
+        con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
+        samples = arrow_rows(
+            checked.samples,
+            "SELECT * FROM samples WHERE list_contains(?, run_id)",
+            [[r.run_id for r in new]],
+        )
+        con.register("new_samples", samples)
+        con.execute("INSERT INTO samples BY NAME SELECT * FROM new_samples")
+        con.unregister("new_runs")
+        con.unregister("new_samples")
+    con.execute(
+        "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
+        "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [submission[k] for k in SUBMISSION_COLUMNS],
+    )
+    con.executemany(
+        "INSERT INTO submission_runs VALUES (?, ?, ?)", [[sha256, i, i not in stored] for i in ids]
+    )
+    return len(new)
+
+
+SUBMISSION_COLUMNS = (
+    "bundle_sha256", "submitter", "description", "created", "accepted_at", "accepted_by",
+    "kvbench_version", "withdrawn_at", "withdrawn_reason",
+)  # fmt: skip
+"""The ``submissions`` table's columns, as a record names them."""
 
 
 MIN_PREFIX = 8
@@ -161,30 +225,37 @@ def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
         sha256, withdrawn_at = find_submission(con, prefix)
         if withdrawn_at is not None:
             raise PrerequisiteError(f"submission {sha256[:16]} is already withdrawn")
-        con.execute(
-            "UPDATE submissions SET withdrawn_at = ?, withdrawn_reason = ? WHERE bundle_sha256 = ?",
-            [time.time(), reason, sha256],
-        )
-        gone = [
-            r[0]
-            for r in con.execute(
-                """SELECT run_id FROM submission_runs mine WHERE bundle_sha256 = ?
-                   AND EXISTS (SELECT 1 FROM submission_runs a WHERE a.run_id = mine.run_id AND a.added)
-                   AND NOT EXISTS (SELECT 1 FROM submission_runs o JOIN submissions s USING (bundle_sha256)
-                                   WHERE o.run_id = mine.run_id AND s.withdrawn_at IS NULL)""",
-                [sha256],
-            ).fetchall()
-        ]
-        con.execute("DELETE FROM samples WHERE list_contains(?, run_id)", [gone])
-        con.execute("DELETE FROM runs WHERE list_contains(?, run_id)", [gone])
+        gone = _withdraw(con, sha256, time.time(), reason)
     return sha256, len(gone)
+
+
+def _withdraw(con: duckdb.DuckDBPyConnection, sha256: str, when: float, reason: str) -> list[str]:
+    """Mark a submission withdrawn and remove the runs it brought that no live submission still holds;
+    the runs removed."""
+    con.execute(
+        "UPDATE submissions SET withdrawn_at = ?, withdrawn_reason = ? WHERE bundle_sha256 = ?",
+        [when, reason, sha256],
+    )
+    gone = [
+        r[0]
+        for r in con.execute(
+            """SELECT run_id FROM submission_runs mine WHERE bundle_sha256 = ?
+               AND EXISTS (SELECT 1 FROM submission_runs a WHERE a.run_id = mine.run_id AND a.added)
+               AND NOT EXISTS (SELECT 1 FROM submission_runs o JOIN submissions s USING (bundle_sha256)
+                               WHERE o.run_id = mine.run_id AND s.withdrawn_at IS NULL)""",
+            [sha256],
+        ).fetchall()
+    ]
+    con.execute("DELETE FROM samples WHERE list_contains(?, run_id)", [gone])
+    con.execute("DELETE FROM runs WHERE list_contains(?, run_id)", [gone])
+    return gone
 
 
 def live_submission(database: Path, sha256: str) -> bool:
     """Whether ``database`` holds the bundle as an accepted submission that is not withdrawn."""
     if not database.is_file():
         return False
-    with duckdb.connect(str(database), read_only=True) as con:
+    with reading(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "submissions" not in tables:
             return False
@@ -212,3 +283,101 @@ def record_verification(database: Path, sha256: str, outcomes: list[dict[str, An
                 for o in outcomes
             ],
         )
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    submissions: int
+    withdrawn: int
+    runs: int
+    snapshot: Path
+
+
+def rebuild(database: Path) -> Rebuilt:
+    """The board's database made anew from ``submissions/`` beside it: each kept bundle (whose sha256
+    must still be its name) stored as it was accepted, in the order it was, then the withdrawals and the
+    verifications its record holds. Built beside the old file, which it replaces only once complete."""
+    folder = database.parent / KEPT
+    with writer_lock(database.parent):
+        records = _records(folder)
+        runs: list[int] = []
+        atomic_write(database, lambda temp: runs.append(_replay(temp, folder, records)))
+        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
+    withdrawn = sum(r["withdrawn_at"] is not None for r in records)
+    return Rebuilt(len(records), withdrawn, runs[0], snapshot_of(database))
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    """Every kept submission's record, in the order they were accepted; a bundle without its record (or
+    a record without its bundle) is named."""
+    bundles = {p.name.removesuffix(".tar.gz") for p in folder.glob("*.tar.gz")}
+    paths = {p.stem: p for p in folder.glob("*.json")}
+    unmatched = sorted(
+        [
+            f"{folder / name}.tar.gz: no record {name}.json beside it (accepted before kvbench kept "
+            "records?): move it away, rebuild, then accept it again unless it was withdrawn"
+            for name in bundles - set(paths)
+        ]
+        + [f"{paths[name]}: no bundle {name}.tar.gz beside it" for name in set(paths) - bundles]
+    )
+    records, bad = [], []
+    for name in sorted(set(paths) & bundles):
+        try:
+            record = json.loads(paths[name].read_text())
+            if not isinstance(record, dict) or record.get("bundle_sha256") != name:
+                raise ValueError(f"not the record of submission {name}")
+            missing = [k for k in SUBMISSION_COLUMNS if k not in record]
+            if missing:
+                raise ValueError(f"lacks {', '.join(missing)}")
+            records.append(record)
+        except (OSError, ValueError) as exc:
+            bad.append(f"{paths[name]}: {exc}")
+    if unmatched or bad or not bundles:
+        raise PrerequisiteError(
+            f"cannot rebuild from {folder}: "
+            + ("\n  " + "\n  ".join(unmatched + bad) if unmatched or bad else "it holds no accepted bundle")
+            + "\nEach accepted bundle is kept there as <sha256>.tar.gz with its record <sha256>.json."
+        )
+    return sorted(records, key=lambda r: (r["accepted_at"], r["bundle_sha256"]))
+
+
+def _replay(temp: Path, folder: Path, records: list[dict[str, Any]]) -> int:
+    """Every record's bundle, withdrawal and verifications into the new database ``temp``; its runs."""
+    temp.unlink()  # DuckDB creates its file itself
+    with transaction(temp, SCHEMA + SUBMISSION_TABLES, "build it again") as con:
+        for record in records:
+            with _kept(folder / f"{record['bundle_sha256']}.tar.gz") as checked:
+                _store(con, checked, {k: record[k] for k in SUBMISSION_COLUMNS}, _stored(con))
+        for record in sorted(
+            (r for r in records if r["withdrawn_at"] is not None), key=lambda r: r["withdrawn_at"]
+        ):
+            _withdraw(con, record["bundle_sha256"], record["withdrawn_at"], record["withdrawn_reason"])
+        rows = [row for r in records for row in r["verifications"]]
+        if rows:
+            con.executemany("INSERT INTO verifications VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        count = con.execute("SELECT count(*) FROM runs").fetchone()
+    return count[0] if count else 0
+
+
+@contextmanager
+def _kept(bundle: Path) -> Iterator[Checked]:
+    """A kept bundle's runs and samples. Its rules were checked when it was accepted, and its sha256 is
+    still its name, so it is read as it is: a rebuild keeps what a later kvbench's rules would refuse."""
+    if sha256_file(bundle) != bundle.name.removesuffix(".tar.gz"):
+        raise PrerequisiteError(
+            f"{bundle}: its sha256 is not its name, so it is not the bundle that was accepted; restore it "
+            "from a backup (the board cannot be rebuilt without it)"
+        )
+    with tempfile.TemporaryDirectory() as scratch:
+        failures = open_bundle(bundle, Path(scratch))
+        runs, broken = stored_runs(Path(scratch) / "runs")
+        samples, bad = load_samples(runs)
+        problems = [str(f) for f in failures] + [f"runs/{b}: no run manifest" for b in broken]
+        problems += [f"{path}: {why}" for path, why in bad]
+        if problems:
+            samples.close()
+            raise PrerequisiteError(f"{bundle} no longer reads back: " + "; ".join(problems))
+        try:
+            yield Checked({}, runs=runs, samples=samples)
+        finally:
+            samples.close()

@@ -11,6 +11,8 @@
 A bundle is read only through :func:`open_bundle`, which refuses an unsafe archive before it extracts
 anything: absolute or ``..`` paths, links, devices, oversized or unexpected members, and extended
 headers large enough to stall Python's tar parser (CPython's pax parsing is quadratic before 3.11.10).
+It reads ``bundle.json`` first, from memory, and writes nothing unless that is a bundle manifest listing
+every other member, and the members fit the caps and the disk.
 """
 
 from __future__ import annotations
@@ -183,6 +185,9 @@ def open_bundle(path: Path, into: Path) -> list[Failure]:
             ]
             if failures:
                 return failures
+            failures = _listed(path, archive, members, into)
+            if failures:
+                return failures
             for member in members:
                 target = into / member.name
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +200,39 @@ def open_bundle(path: Path, into: Path) -> list[Failure]:
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         return [Failure(path.name, "archive", f"not a readable gzip'd tar archive ({exc})")]
     return []
+
+
+def _listed(
+    path: Path, archive: tarfile.TarFile, members: list[tarfile.TarInfo], into: Path
+) -> list[Failure]:
+    """Before anything is written: ``bundle.json``, read into memory, must be a bundle manifest that lists
+    every other member, and what they hold together must fit on the disk under ``into``. (The headers
+    already passed the per-member and total caps; the rules then check each member's size and sha256
+    against the listing.)"""
+    by_name = {m.name: m for m in members}
+    if MANIFEST not in by_name:
+        return [Failure(MANIFEST, "bundle-manifest", "missing: a bundle lists its members in bundle.json")]
+    source = archive.extractfile(by_name[MANIFEST])
+    assert source is not None  # a plain file, checked above
+    try:
+        with source:
+            listing = BundleManifest.model_validate_json(source.read()).members
+    except pydantic.ValidationError as exc:
+        why = str(exc).splitlines()[0]
+        return [Failure(MANIFEST, "bundle-manifest", f"not a bundle manifest ({why}); nothing was extracted")]
+    failures = [
+        Failure(m.name, "digest", "not listed in the bundle manifest's members; nothing was extracted")
+        for m in members
+        if m.name != MANIFEST and m.name not in listing
+    ]
+    total = sum(m.size for m in members)
+    existing = next(p for p in (into, *into.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if not failures and total > free:
+        failures.append(
+            Failure(path.name, "member-size", f"{total:,} bytes to extract, {free:,} free under {existing}")
+        )
+    return failures
 
 
 def write_bundle(path: Path, members: dict[str, Path]) -> None:

@@ -22,7 +22,7 @@ assert not app.exception, app.exception
 app.selectbox(key="policy").set_value("snapkv").run()
 assert not app.exception, app.exception
 heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "kvbench.policies")))
-print(json.dumps({{"heavy": heavy, "markdown": [m.value for m in app.markdown]}}))
+print(json.dumps({{"heavy": heavy, "text": [t.value for t in app.text]}}))
 """
 
 
@@ -42,5 +42,5 @@ def test_the_app_process_never_imports_torch(board_db: Path, tmp_path: Path) -> 
     con.close()
     doc = json.loads(stored)
     assert doc["module"] == "kvbench.policies.snapkv" and "SnapKV" in doc["summary"]
-    assert any(doc["summary"] in m for m in seen["markdown"])
-    assert doc["module_doc"].strip() in seen["markdown"]
+    assert any(doc["summary"] in t for t in seen["text"])  # as plain text (st.text), never Markdown
+    assert doc["module_doc"].strip() in [t.strip() for t in seen["text"]]

@@ -90,3 +90,16 @@ def test_the_container_runs_public_as_a_user_with_a_health_check() -> None:
     assert "KVBENCH_LEADERBOARD_PUBLIC=1" in dockerfile and "--no-deps" in dockerfile
     locked = locked_versions()
     assert f"streamlit=={locked['streamlit']}" in dockerfile
+
+
+def test_a_table_name_is_copied_as_a_name_never_run_as_sql(tmp_path: Path) -> None:
+    crafted = 'notes" AS SELECT 42 AS v; CREATE TABLE pwned AS SELECT 1 AS v; --'
+    quoted = '"' + crafted.replace('"', '""') + '"'  # how a tool that quotes names writes it
+    source = tmp_path / "source.duckdb"
+    with duckdb.connect(str(source)) as con:
+        con.execute("CREATE TABLE " + quoted + " AS SELECT 7 AS v")
+    assert publish([str(source), str(tmp_path / "public.duckdb")]) == 0
+    with duckdb.connect(str(tmp_path / "public.duckdb"), read_only=True) as con:
+        names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()]
+        assert names == [crafted]  # neither "notes" nor "pwned"
+        assert con.execute("SELECT v FROM " + quoted).fetchall() == [(7,)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,36 @@ def test_a_larger_rerun_of_an_arm_supersedes_the_smaller_one(tmp_path: Path) -> 
         "compare", "--pool", "one=fidelity,passkey", "--budget", "999", "--format", "json", cwd=tmp_path
     )
     assert json.loads(pooled.stdout) == []  # --budget applies to pooled rows too
+
+
+def test_a_policy_name_with_rich_markup_or_emoji_codes_is_shown_as_it_is(tmp_path: Path) -> None:
+    name = "k[/]:x:"  # short: a table cell wraps a long name
+    (tmp_path / "scorer.py").write_text(
+        "from kvbench import EvictionView, Policy, policy\n\n\n"
+        f"@policy({name!r})\nclass Marked(Policy):\n"
+        '    """Keeps the keys of largest norm."""\n\n'
+        "    def score(self, view: EvictionView):\n        return view.keys.float().norm(dim=-1)\n"
+    )
+    run = kvbench(
+        *("run", "--model", "tiny-qwen3", "--task", "passkey", "--policy", "scorer.py:Marked"),
+        *("--limit", "1", "--samples", "1", "--quiet"),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert name in run.stdout and "❌" not in run.stdout  # kvbench run's own table
+    shown = kvbench("compare", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert name in shown.stdout and "❌" not in shown.stdout
+
+
+def test_an_empty_snapshot_is_named_with_how_to_rebuild_it(small_results: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    shutil.copytree(small_results, root)
+    snapshot = root / "kvbench.snapshot.duckdb"
+    snapshot.write_bytes(b"")  # as a full disk or a killed copy leaves it
+    done = kvbench("compare", "--db", str(snapshot), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"kvbench: {snapshot} cannot be read: it is damaged"), done.stderr
+    assert f"`kvbench ingest --rebuild --out {root}`" in done.stderr and "Traceback" not in done.stderr
+    assert kvbench("ingest", "--rebuild", "--out", str(root), cwd=tmp_path).returncode == 0
+    assert kvbench("compare", "--db", str(snapshot), cwd=tmp_path).returncode == 0

@@ -23,6 +23,7 @@ from tampering import (
 )
 
 from kvbench.leaderboard import queries
+from kvbench.submissions.board import record_verification
 
 
 def test_the_genuine_bundle_is_accepted_and_its_scores_reach_the_board(
@@ -280,3 +281,51 @@ def test_a_withdrawn_submission_leaves_the_board_and_cannot_come_back(
     assert reason == "wrong model revision" and withdrawn is not None
     again = cli("accept", str(bundle), "--db", str(db), cwd=tmp_path, check=False)
     assert again.returncode == 2 and "already withdrawn" in again.stderr
+
+
+BOARD = {
+    "runs": "SELECT * FROM runs ORDER BY ALL",
+    "samples": "SELECT run_id, problem_id, sample, metric FROM samples ORDER BY ALL",
+    "submissions": "SELECT * FROM submissions ORDER BY ALL",
+    "submission_runs": "SELECT * FROM submission_runs ORDER BY ALL",
+    "verifications": "SELECT * FROM verifications ORDER BY ALL",
+}
+
+
+def _board(database: Path) -> dict[str, list[tuple]]:
+    """Everything a board holds, table by table."""
+    with duckdb.connect(str(database), read_only=True) as con:
+        return {table: con.execute(query).fetchall() for table, query in BOARD.items()}
+
+
+def _truncate(database: Path) -> None:
+    with database.open("r+b") as handle:
+        handle.truncate(database.stat().st_size // 2)
+
+
+def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path, tmp_path: Path) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    db = tmp_path / "board" / "kvbench.duckdb"
+    cli("accept", str(bundle), "--db", str(db), "--by", "maintainer", cwd=tmp_path)
+    digest = _sha256(bundle)
+    run_id = run_of(bundle, "passkey", "keys-norm")
+    outcome = {"run_id": run_id, "outcome": "verified", "method": "identical outputs", "problems": 2}
+    record_verification(db, digest, [{**outcome, "machine": {"cpu": "c"}, "detail": "ok", "seed": 7}])
+    before = _board(db)
+    _truncate(db)
+    fix = f"`kvbench accept --rebuild --db {db}`"
+    for args in (["withdraw", digest[:10], "--reason", "r"], ["accept", str(bundle)]):
+        refused = cli(*args, "--db", str(db), cwd=tmp_path, check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.startswith(f"kvbench: {db} cannot be read: it is damaged"), refused.stderr
+        assert fix in refused.stderr and "Traceback" not in refused.stderr
+    rebuilt = cli("accept", "--rebuild", "--db", str(db), cwd=tmp_path)
+    assert "from 1 accepted bundle(s) (0 withdrawn): 9 runs" in rebuilt.stdout
+    assert _board(db) == before  # who accepted it and when, its runs, samples and verifications
+    assert _board(db.with_name("kvbench.snapshot.duckdb")) == before
+    cli("withdraw", digest[:10], "--db", str(db), "--reason", "wrong model revision", cwd=tmp_path)
+    withdrawn = _board(db)
+    db.unlink()  # even with no database at all
+    cli("accept", "--rebuild", "--db", str(db), cwd=tmp_path)
+    assert _board(db) == withdrawn and withdrawn["runs"] == []
+    assert withdrawn["submissions"][0][-1] == "wrong model revision"

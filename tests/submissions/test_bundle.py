@@ -4,6 +4,7 @@ and nothing at all is extracted."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -89,3 +90,63 @@ def test_a_malformed_bundle_manifest_is_one_failure(tmp_path: Path) -> None:
     (tmp_path / "bundle.json").write_text('{"cells": "everything"}')
     failures = check_bundle(tmp_path).failures
     assert [(f.member, f.rule) for f in failures] == [("bundle.json", "bundle-manifest")]
+
+
+def _zeros(path: Path, members: dict[str, int], manifest: bytes) -> Path:
+    """A compression bomb: members of zeros (a few kB each once compressed), then ``manifest`` as
+    bundle.json, last, as a forger would place it."""
+    with tarfile.open(path, "w:gz", compresslevel=1) as out:
+        for name, size in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = size
+            out.addfile(info, io.BytesIO(bytes(size)))
+        info = tarfile.TarInfo("bundle.json")
+        info.size = len(manifest)
+        out.addfile(info, io.BytesIO(manifest))
+    return path
+
+
+BOMB = {f"runs/{i:016x}/{i:016x}.parquet": 16 * 2**20 for i in range(4)}
+"""64 MiB of members, each under the per-member cap, in a bundle of about 260 kB."""
+
+
+@pytest.mark.parametrize(
+    ("manifest", "why"),
+    [
+        (b"{}", "not a bundle manifest"),
+        (b"\x00" * 64, "not a bundle manifest"),
+        (None, "missing"),
+    ],
+    ids=["an empty object", "binary", "absent"],
+)
+def test_nothing_is_written_before_bundle_json_is_checked(
+    tmp_path: Path, manifest: bytes | None, why: str
+) -> None:
+    path = _zeros(tmp_path / "bomb.tar.gz", BOMB, manifest or b"")
+    if manifest is None:  # the same bomb without a bundle.json at all
+        with tarfile.open(path, "r:gz") as source, tarfile.open(tmp_path / "b.tar.gz", "w:gz") as out:
+            for member in source.getmembers():
+                if member.name != "bundle.json":
+                    out.addfile(member, source.extractfile(member))
+        path = tmp_path / "b.tar.gz"
+    assert path.stat().st_size < 2**20
+    into = tmp_path / "into"
+    into.mkdir()
+    failures = open_bundle(path, into)
+    assert [(f.member, f.rule) for f in failures] == [("bundle.json", "bundle-manifest")]
+    assert why in failures[0].message
+    assert list(into.rglob("*")) == []
+
+
+def test_a_member_bundle_json_does_not_list_is_refused_before_writing(tmp_path: Path) -> None:
+    listed = {name: {"sha256": "0" * 64, "size": size} for name, size in list(BOMB.items())[:1]}
+    manifest = {
+        "format": "kvbench-bundle", "format_version": 1, "schema_version": 1, "kvbench": "0", "created": 0,
+        "submitter": "", "description": "", "cells": [], "members": listed,
+    }  # fmt: skip
+    path = _zeros(tmp_path / "bomb.tar.gz", BOMB, json.dumps(manifest).encode())
+    into = tmp_path / "into"
+    into.mkdir()
+    failures = open_bundle(path, into)
+    assert sorted((f.member, f.rule) for f in failures) == [(name, "digest") for name in sorted(BOMB)[1:]]
+    assert list(into.rglob("*")) == []
