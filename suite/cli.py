@@ -40,10 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvbenchError as exc:
         fail(str(exc))
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        where = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))  # e.g. inside a scorer
         fail(
-            f"interrupted: {command} stopped before it finished. What it wrote is whole and kept; run the "
-            "same command again to go on (`kvbench run` computes only what is missing)."
+            f"interrupted{where}: {command} stopped before it finished. What it wrote is whole and kept; run "
+            "the same command again to go on (`kvbench run` computes only what is missing)."
         )
         return 130
     except MemoryError:

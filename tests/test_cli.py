@@ -113,13 +113,6 @@ def scorer(folder: Path, body: str, name: str = "bad") -> str:
 TINY_RUN = ["--model", "tiny-qwen3", "--task", "passkey", "--limit", "1", "--samples", "1", "--quiet"]
 
 
-def test_a_scorer_that_calls_exit_never_reads_as_a_success(tmp_path: Path) -> None:
-    done = kvbench("run", "--policy", scorer(tmp_path, "raise SystemExit(0)"), *TINY_RUN, cwd=tmp_path)
-    assert done.returncode != 0
-    assert done.stderr.startswith("kvbench: "), done.stderr
-    assert "SystemExit(0)" in done.stderr and "Traceback" not in done.stderr
-
-
 def plugin(site: Path, raises: str) -> dict[str, str]:
     """An installed policy plugin (an entry point in group kvbench.policies) whose import raises; the
     environment that puts it on the path."""
@@ -168,6 +161,32 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     assert process.returncode == 130, err
     assert err.startswith("kvbench: interrupted: `kvbench run` stopped before it finished."), err
     assert "run the same command again" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("raises", "status", "says"),
+    [
+        ("SystemExit(0)", 2, "policy 'quits' at layer 0, eviction event 0 raised SystemExit: 0"),
+        (
+            "MemoryError('no room')",
+            2,
+            "policy 'quits' at layer 0, eviction event 0 raised MemoryError: no room",
+        ),
+        (
+            "KeyboardInterrupt",
+            130,
+            "interrupted (interrupted in policy 'quits' at layer 0, eviction event 0)",
+        ),
+    ],
+)
+def test_what_a_scorer_raises_mid_run_is_one_line_naming_where(
+    tmp_path: Path, raises: str, status: int, says: str
+) -> None:
+    policy = scorer(tmp_path, f"raise {raises}", name="quits")
+    done = kvbench("run", "--policy", policy, *TINY_RUN, "--no-baselines", cwd=tmp_path)
+    assert done.returncode == status, done.stderr
+    assert done.stderr.startswith(f"kvbench: {says}"), done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_error_text_is_printed_as_it_is(tmp_path: Path) -> None:
