@@ -36,12 +36,11 @@ def test_with_every_token_in_high_precision_the_outputs_are_the_unquantized_cach
     plain = teacher_force(tiny, prompt, cont, make_policy(policy), EVICTING, row_seeds=[1, 2])
     roomy = _with(MixedPrecision(bits=2, group=8, high_precision=10_000))
     mixed = teacher_force(tiny, prompt, cont, make_policy(policy), roomy, row_seeds=[1, 2])
-    # bit for bit where both caches feed the same chunks; the full cache's chunks are cut at different
-    # places (only a mixed-precision cache stops at event moments), which moves float sums by rounding
-    if policy == "full":
-        assert torch.allclose(plain.logprobs, mixed.logprobs, atol=1e-5, rtol=0)
-    else:
-        assert torch.equal(plain.logprobs, mixed.logprobs)
+    # equal up to float rounding: the two caches hold the same values in differently laid-out tensors, and
+    # on CPUs with AVX-512 (BF16) torch's attention kernels pick their blocking by layout, which moves the
+    # last bits (2.9e-6 at most, measured on an AMD EPYC with avx512_bf16; bit for bit on the machine this
+    # test was first written on)
+    assert torch.allclose(plain.logprobs, mixed.logprobs, atol=1e-5, rtol=0)
     assert plain.eviction_events == mixed.eviction_events
     quantized = _with(MixedPrecision(bits=2, group=8, high_precision=0))
     lossy = teacher_force(tiny, prompt, cont, make_policy(policy), quantized, row_seeds=[1, 2])
