@@ -55,7 +55,7 @@ def test_new_policy_writes_a_working_template_and_never_overwrites(tmp_path: Pat
 
 
 def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
+    out = tmp_path / "reports" / "bench.json"  # a folder that does not exist yet is made
     result = kvbench(
         "bench",
         "evict",

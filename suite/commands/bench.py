@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import console, mib
+from kvbench.commands.common import console, mib, output_file, output_folder
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -102,11 +102,20 @@ def _machine_line(machine: dict) -> str:
     )
 
 
+def _outputs(args: argparse.Namespace) -> None:
+    """--json's folder and --out, made and checked writable before the benchmark, not after it."""
+    if args.json:
+        output_file(Path(args.json), "--json")
+    if getattr(args, "out", None):
+        output_folder(args.out, "--out")
+
+
 def _save(path: str | None, machine: dict, rows: list) -> None:
+    from kvbench.store.atomic import atomic_write
+
     if path:
-        Path(path).write_text(
-            json.dumps({"machine": machine, "results": [asdict(r) for r in rows]}, indent=2)
-        )
+        text = json.dumps({"machine": machine, "results": [asdict(r) for r in rows]}, indent=2)
+        atomic_write(Path(path), lambda temp: temp.write_text(text))
 
 
 def bench_evict_command(args: argparse.Namespace) -> int:
@@ -115,6 +124,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     from kvbench.bench.evict import bench_evict
     from kvbench.provenance import describe_machine
 
+    _outputs(args)
     results = bench_evict(
         args.policy or None,
         batches=args.batch,
@@ -166,6 +176,7 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     from kvbench.bench.decode import bench_decode
     from kvbench.provenance import describe_machine
 
+    _outputs(args)
     policies = args.policy or ["random", "streaming", "snapkv", "h2o", "vase-attnv"]
     precisions = [p for p in args.precision or ["mixed-4bit", "uniform-4bit"] if p != "none"]
     results = bench_decode(
@@ -216,6 +227,7 @@ def bench_serve_command(args: argparse.Namespace) -> int:
     from kvbench.bench.serve import bench_serve
     from kvbench.provenance import describe_machine
 
+    _outputs(args)
     policies = args.policy or ["random", "streaming", "snapkv"]
     results = bench_serve(
         args.model,

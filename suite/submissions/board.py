@@ -51,6 +51,13 @@ CREATE TABLE IF NOT EXISTS verifications (
 """``added``: the submission brought the run (it was not stored before), so withdrawing may remove it."""
 
 
+SUBMISSION_COLUMNS = (
+    "bundle_sha256", "submitter", "description", "created", "accepted_at", "accepted_by",
+    "kvbench_version", "withdrawn_at", "withdrawn_reason",
+)  # fmt: skip
+"""The ``submissions`` table's columns, as a record names them."""
+
+
 KEPT = "submissions"
 """The folder beside the board's database holding each accepted bundle and its record."""
 
@@ -188,13 +195,6 @@ def _store(
         "INSERT INTO submission_runs VALUES (?, ?, ?)", [[sha256, i, i not in stored] for i in ids]
     )
     return len(new)
-
-
-SUBMISSION_COLUMNS = (
-    "bundle_sha256", "submitter", "description", "created", "accepted_at", "accepted_by",
-    "kvbench_version", "withdrawn_at", "withdrawn_reason",
-)  # fmt: skip
-"""The ``submissions`` table's columns, as a record names them."""
 
 
 MIN_PREFIX = 8

@@ -94,7 +94,7 @@ def mean(values) -> float:
 
 def all_text(app: AppTest) -> Iterator[str]:
     """Every value the page shows: texts, widget labels and options, and every cell of every table."""
-    for kind in ("markdown", "caption", "info", "subheader", "title"):
+    for kind in ("markdown", "caption", "info", "subheader", "title", "text"):
         for element in getattr(app, kind):
             yield str(element.value)
     for widget in (*app.selectbox, *app.text_input):
