@@ -19,9 +19,11 @@ console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoj
 
 
 def output_folder(folder: Path, flag: str) -> Path:
-    """``folder`` made if missing and checked writable before any work is done, so that a results folder
-    that cannot take a file fails now, naming its flag, and not after the run."""
-    _writable(folder, flag, folder)
+    """``folder`` checked writable before any work is done (or, while it does not exist, the folder it
+    would be made in), so that a results folder that cannot take a file fails now, naming its flag, and
+    not after the run; a command refused before it starts leaves no folder behind."""
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    _writable(existing, flag, folder, make=False)
     return folder
 
 
@@ -31,9 +33,10 @@ def output_file(path: Path, flag: str) -> Path:
     return path
 
 
-def _writable(folder: Path, flag: str, given: Path) -> None:
+def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if make:
+            folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
