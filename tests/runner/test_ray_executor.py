@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,9 +25,10 @@ RUN += ["--policy", "snapkv", "--quiet"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 """The local run's torch threads, equal to each replica's (--ray-cpus-per-worker 1): CPU numbers depend
 on the thread count, not on the process or node that computes them."""
-TOKEN = {"RAY_AUTH_MODE": "token"}
-"""`ray start` (Ray 2.60) turns on token authentication; a driver connecting by address must say so (the
-token is in ~/.ray/auth_token)."""
+TOKEN = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+"""The cluster runs with token authentication, as a shared cluster should; its token is the test's own,
+given to the head and to every driver (not a ~/.ray/auth_token left on the machine, which a new machine
+lacks: `ray start` then runs without authentication and a driver asking for it is refused)."""
 
 
 def _free_port() -> int:
@@ -42,7 +44,7 @@ def cluster():
     its address is the one `ray start` prints for other nodes and drivers."""
     start = [str(BIN / "ray"), "start", "--head", "--num-cpus", "2", "--port", str(_free_port())]
     start += ["--include-dashboard", "false", "--disable-usage-stats"]
-    done = subprocess.run(start, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(start, capture_output=True, text=True, timeout=180, env=os.environ | TOKEN)
     assert done.returncode == 0, done.stdout + done.stderr
     (address,) = re.findall(r"ray start --address='([^']+)'", done.stdout + done.stderr)
     try:
