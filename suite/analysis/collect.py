@@ -15,14 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from kvbench.analysis.values import Stat, layer_statistics, value_range
+from kvbench.analysis.values import Stat, layer_statistics
 
 
 @dataclass
@@ -35,8 +35,6 @@ class Analysis:
     stats: list[Stat]
     device: str
     """Where the model ran (``cpu``, ``cuda:0``): the machine every row's provenance describes."""
-    ranges: list[Tensor] = field(default_factory=list)
-    """Range(v) per layer, [Hkv, T]: what the figures draw."""
 
     @property
     def analysis_id(self) -> str:
@@ -69,30 +67,21 @@ def collect(
         )
     loaded = load_model(model, device=device)
     encode = HFBackend(loaded).encode
-    keys: list[list[Tensor]] = []
-    values: list[list[Tensor]] = []
     problems = make_probe_problems(spec.probe, limit, encode)
+    caches = []  # per problem: every layer's keys and values
     for problem in problems:
-        ids = loaded.prompt_ids(problem.stub) + [
-            t for _, piece in problem.token_pieces(encode) for t in piece
-        ]
-        layer_keys, layer_values = _cache_of(loaded, ids)
-        keys.append(layer_keys)
-        values.append(layer_values)
+        continuation = [t for _, piece in problem.token_pieces(encode) for t in piece]
+        caches.append(_cache_of(loaded, loaded.prompt_ids(problem.stub) + continuation))
     settings = {"limit": limit, "bits": list(bits), "group": group, "above": above, "bins": position_bins}
     stats: list[Stat] = []
-    ranges = []
-    for layer in range(len(keys[0])):
-        layer_k = torch.cat([k[layer] for k in keys], dim=1)
-        layer_v = torch.cat([v[layer] for v in values], dim=1)
+    for layer in range(len(caches[0][0])):
+        layer_k = torch.cat([keys[layer] for keys, _ in caches], dim=1)
+        layer_v = torch.cat([values[layer] for _, values in caches], dim=1)
         stats += layer_statistics(
             layer, layer_k, layer_v, bits=bits, group=group, above=above, position_bins=position_bins
         )
-        ranges.append(value_range(layer_v.float()))
-    tokens = sum(v[0].shape[1] for v in values)
-    return Analysis(
-        loaded.spec.name, spec.name, len(problems), tokens, settings, stats, str(loaded.device), ranges
-    )
+    tokens = sum(values[0].shape[1] for _, values in caches)
+    return Analysis(loaded.spec.name, spec.name, len(problems), tokens, settings, stats, str(loaded.device))
 
 
 @torch.inference_mode()

@@ -62,46 +62,21 @@ def synthetic_store(
 
 
 def _run(run_id: str, role: str, task: str, policy: str, samples: int) -> dict:
+    """One run's row, its columns read from its resolved spec as ingest reads a run's manifest."""
     reference = role == "reference"
-    return RunRecord(
-        run_id=run_id,
-        role=role,
-        label=f"synthetic/{task}/{policy}",
-        adapter="hf",
-        device="cpu",
-        dtype="float32",
-        attention="sdpa",
+    spec = synthetic_spec(
         model="synthetic",
         task=task,
-        task_version=1,
-        policy=policy,
-        policy_params={},
         protocol="protect-prompt",
-        protection="prompt",
+        policy=policy,
+        samples=samples,
         budget=None if reference else 256,
-        buffer=64,
         n_avg=1024,
         ratio=None if reference else 4.0,
-        samples_per_problem=samples,
-        protocol_seed=0,
-        visibility="public",
-        kvbench_version="synthetic",
-        git_sha=None,
-        git_dirty=None,
-        packages=None,
-        hardware=None,
-        created=time.time(),
-        spec=synthetic_spec(
-            model="synthetic",
-            task=task,
-            protocol="protect-prompt",
-            policy=policy,
-            samples=samples,
-            budget=None if reference else 256,
-            n_avg=1024,
-            ratio=None if reference else 4.0,
-        ),
-    ).row()
+    )
+    label = f"synthetic/{task}/{policy}"
+    manifest = {"run_id": run_id, "role": role, "label": label, "kvbench": "synthetic", "spec": spec}
+    return RunRecord.from_manifest({**manifest, "created": time.time()}).row()
 
 
 def synthetic_spec(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbench.adapters.base import GREEDY
@@ -114,13 +114,11 @@ def bench_serve(
         )
     full = rows[0]
     return [
-        ServeTiming(
-            **{
-                **r.__dict__,
-                "speed_vs_full": r.output_tokens_per_second / full.output_tokens_per_second,
-                "tpot_vs_full": r.tpot_ms / full.tpot_ms,
-                "concurrency_vs_full": r.peak_running / max(full.peak_running, 1),
-            }
+        replace(
+            r,
+            speed_vs_full=r.output_tokens_per_second / full.output_tokens_per_second,
+            tpot_vs_full=r.tpot_ms / full.tpot_ms,
+            concurrency_vs_full=r.peak_running / max(full.peak_running, 1),
         )
         for r in rows
     ]

@@ -152,13 +152,12 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
 
     from kvbench.errors import PrerequisiteError
     from kvbench.results.check import CellResult, outputs_digest
-    from kvbench.results.pairing import null_of, reference_of
+    from kvbench.results.pairing import partners
     from kvbench.results.stats import bootstrap_mean
     from kvbench.results.summary import summarize
     from kvbench.specs.resolved import Role
 
-    con = duckdb.connect(str(database), read_only=True)
-    try:
+    with duckdb.connect(str(database), read_only=True) as con:
         summaries = summarize(con, [c.run_id for c in cells])
         results = []
         for cell in cells:
@@ -166,10 +165,9 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
             if not summary.samples:
                 raise PrerequisiteError(f"{cell.label} (run {cell.run_id}) has no samples in {database}")
             score = bootstrap_mean(list(summary.scores.values()))
-            partners: list[str | None] = [None, None]  # a policy cell's null and full cache, by key
+            paired: list[str | None] = [None, None]  # a policy cell's null and full cache, by key
             if cell.role == Role.POLICY:
-                found = (find(cell.spec, cells, lambda c: c.spec) for find in (null_of, reference_of))
-                partners = [cell_key(c) if c is not None else None for c in found]
+                paired = [cell_key(c) if c is not None else None for c in partners(cell.spec, cells).values()]
             results.append(
                 CellResult(
                     cell_key(cell),
@@ -180,12 +178,10 @@ def collect(cells: list[Cell], database: Path) -> list[CellResult]:
                     summary.scores,
                     outputs_digest(con, cell.run_id),
                     code_hash(cell),
-                    *partners,
+                    *paired,
                 )
             )
         return results
-    finally:
-        con.close()
 
 
 def _estimate(result) -> str:

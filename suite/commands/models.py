@@ -84,20 +84,15 @@ def generate_command(args: argparse.Namespace) -> int:
     table.add_column("quantity")
     table.add_column("value", justify="right")
     per_event = result.eviction_seconds / result.eviction_events * 1e3 if result.eviction_events else 0.0
+    decoding = max(result.decode_seconds, 1e-9)
     rows = [
         ("adapter", args.adapter),
         ("prompt tokens (protected)", f"{result.prompt_tokens} ({result.protected.count})"),
         ("generated tokens", ", ".join(str(s.generated) for s in result.samples)),
         ("eviction events", str(result.eviction_events)),
         ("ms per event", f"{per_event:.2f}"),
-        (
-            "share of decode time evicting",
-            f"{result.eviction_seconds / max(result.decode_seconds, 1e-9):.1%}",
-        ),
-        (
-            "decode tokens/s",
-            f"{sum(s.generated for s in result.samples) / max(result.decode_seconds, 1e-9):.1f}",
-        ),
+        ("share of decode time evicting", f"{result.eviction_seconds / decoding:.1%}"),
+        ("decode tokens/s", f"{sum(s.generated for s in result.samples) / decoding:.1f}"),
         ("peak KV cache", mib(result.peak_kv_bytes)),
     ]
     for name, value in rows:

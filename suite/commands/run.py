@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,7 @@ from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
     from kvbench.results.comparison import ArmResult
-    from kvbench.results.report import ReportRow
+    from kvbench.results.stats import Estimate, PairedComparison
     from kvbench.runner.executor import Executor
     from kvbench.runner.plan import Cell, RunRequest
 
@@ -148,6 +150,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     ingest.set_defaults(func=ingest_command)
 
 
+@dataclass(frozen=True)
+class ReportRow:
+    """One row of the table `kvbench run` ends with: a cell against the null and the full cache."""
+
+    model: str
+    task: str
+    metric: str
+    policy: str
+    role: str
+    budget: int
+    k_over_n_avg: float
+    score: Estimate
+    vs_null: Estimate | None
+    vs_full: Estimate | None
+    problems: int
+    samples: int
+    strict: Estimate | None = None
+    """Strict pass@1: correct and finished before the token cap."""
+    truncation_rate: float = math.nan
+    no_answer_rate: float = math.nan
+    mean_generated_tokens: float = math.nan
+    null_test: PairedComparison | None = None
+    """Sign test against the null with its Holm-corrected verdict (policies under test only)."""
+
+
 def _estimate(e, signed: bool = False) -> str:
     if e is None:
         return "—"
@@ -156,7 +183,6 @@ def _estimate(e, signed: bool = False) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kvbench.results.report import as_dicts
     from kvbench.runner.orchestrate import run_cells
     from kvbench.runner.plan import plan
     from kvbench.store.atomic import atomic_write
@@ -198,7 +224,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
     if args.json:
-        text = json.dumps({"rows": as_dicts(rows), "wall_seconds": wall}, indent=2, default=str)
+        text = json.dumps({"rows": [asdict(r) for r in rows], "wall_seconds": wall}, indent=2, default=str)
         atomic_write(args.json, lambda temp: temp.write_text(text))
     return 0
 
@@ -262,8 +288,6 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
 
 
 def _row(cell: Cell, arm: ArmResult) -> ReportRow:
-    from kvbench.results.report import ReportRow
-
     return ReportRow(
         model=cell.model.name,
         task=cell.task.name,

@@ -14,22 +14,14 @@ GRADER_VERSION = "lm-eval-1"
 class LmEvalVerdict:
     score: float
     """The task's metric for this sample (``metric`` of the kvbench task)."""
-    full_credit: bool
+    correct: bool
+    """Full credit: the metric's maximum of 1 (exact match, accuracy); a partial score is not correct."""
     no_answer: bool
-    filtered: str | None
+    detail: str | None
+    """The answer after the task's filter: what the metric read."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Every metric the task computed, stored with the sample."""
     version: str = GRADER_VERSION
-
-    @property
-    def correct(self) -> bool:
-        """Full credit: the metric's maximum of 1 (exact match, accuracy); a partial score is not correct."""
-        return self.full_credit
-
-    @property
-    def detail(self) -> str | None:
-        """The answer after the task's filter: what the metric read."""
-        return self.filtered
 
     @property
     def reason(self) -> str | None:
@@ -51,16 +43,16 @@ class LmEvalGrader:
     def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> LmEvalVerdict:
         answer = final_answer(output, thinking=thinking)
         if answer is None:
-            return LmEvalVerdict(score=0.0, full_credit=False, no_answer=True, filtered=None)
+            return LmEvalVerdict(score=0.0, correct=False, no_answer=True, detail=None)
         scored = gold["loaded"].score(answer, gold["doc"])
         metrics = scored["metrics"]
         value = float(metrics[task.metric])
         filtered = scored["filtered"]
         return LmEvalVerdict(
             score=value,
-            full_credit=value >= 1.0,
+            correct=value >= 1.0,
             no_answer=not str(filtered).strip(),
-            filtered=str(filtered),
+            detail=str(filtered),
             extra={"lm_eval_metrics": metrics},
         )
 

@@ -70,13 +70,11 @@ class KVBenchLM(HFLM):
         self.chat_template_args = dict(self.settings.model_spec.chat_template_args)
         self.policy = self.settings.policy_instance
         self.schedule: Schedule = self.settings.schedule()
-        self._calibration: Any = None
-        self._calibrated = False
+        self._calibration: Any = None  # the model's query statistics, computed once if the policy needs them
         self.requests: list[dict[str, Any]] = []
         """One record per request: what it asked and what eviction did while it ran."""
         self._current: Any = None
 
-    # -- generate_until -----------------------------------------------------------------------------
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         """Each distinct request once, its repeats decoded as one batch; results in request order."""
         repeats = Counter(id(r) for r in requests)
@@ -136,7 +134,6 @@ class KVBenchLM(HFLM):
         )
         return texts
 
-    # -- loglikelihood ------------------------------------------------------------------------------
     def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out: list[tuple[float, bool]] = []
         for request in tqdm(requests, disable=disable_tqdm, desc="kvbench loglikelihood"):
@@ -196,7 +193,6 @@ class KVBenchLM(HFLM):
             )
         return out
 
-    # -- what lm-eval records -----------------------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
         """The run's eviction settings and every request's statistics (lm-eval puts them in its results'
         ``config``); no hub lookup, unlike HFLM's."""
@@ -213,15 +209,13 @@ class KVBenchLM(HFLM):
             },
         }
 
-    # -- helpers ------------------------------------------------------------------------------------
     def _seed(self, request: Any, sample: int) -> int:
         task, doc_id, _ = _key(request)
         return sample_seed(self.settings.protocol_spec.seed, task, doc_id, sample)
 
     def _calibration_stats(self) -> Any:
-        if "calibration" in self.policy.needs and not self._calibrated:
+        if "calibration" in self.policy.needs and self._calibration is None:
             self._calibration = self.kv_backend.calibrate()
-            self._calibrated = True
         return self._calibration
 
     def _record(self, request: Any, kind: str, **stats: Any) -> None:
@@ -245,11 +239,8 @@ def _key(request: Any) -> tuple[str, str, int]:
     """(task, doc id, request index) of an lm-eval Instance; a request built by hand has none."""
     if request is None:
         return "", "", 0
-    return (
-        str(request.task_name or ""),
-        str(request.doc_id if request.doc_id is not None else ""),
-        request.idx,
-    )
+    doc_id = "" if request.doc_id is None else str(request.doc_id)
+    return str(request.task_name or ""), doc_id, request.idx
 
 
 def _where(request: Any) -> str:

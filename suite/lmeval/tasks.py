@@ -16,9 +16,11 @@ import functools
 import hashlib
 import json
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.runner.generation_units import HubSource
 from kvbench.specs.loading import with_overrides
 from kvbench.specs.task import LmEvalSource, TaskSpec
 from kvbench.specs.task_data import Problem
@@ -114,10 +116,8 @@ class LoadedTask:
         self.filter = self._filter()
         if spec.grader == "lm-eval":
             self._check_metric()
-        docs = [doc for _, doc in self.task.doc_iterator()]
-        self.docs_sha256 = _digest(docs)
-        again = [doc for _, doc in self.task.doc_iterator()]
-        if _digest(again) != self.docs_sha256:
+        self.docs_sha256 = _digest([doc for _, doc in self.task.doc_iterator()])
+        if _digest([doc for _, doc in self.task.doc_iterator()]) != self.docs_sha256:  # read again
             raise SpecError(
                 f"task {spec.name!r}: lm-eval's {self.source.task!r} gives its documents in a different "
                 "order or content each time they are read (an unseeded shuffle in process_docs?): seed it, "
@@ -264,3 +264,26 @@ def _digest(docs: list[Any]) -> str:
 def _plain(value: Any) -> Any:
     """numpy scalars as Python numbers (they are stored as JSON)."""
     return value.item() if hasattr(value, "item") else value
+
+
+class LmEvalTaskSource(HubSource):
+    """lm-eval's documents as a task's problems, decoded and graded like a hub dataset's
+    (kvbench.runner.sources finds this class by name)."""
+
+    local_data = False
+
+    def resolve(self, task: TaskSpec) -> TaskSpec:
+        return resolved_spec(task)
+
+    def identity(self, task: TaskSpec) -> dict[str, Any]:
+        """lm-eval's version, the task's version, config and documents."""
+        return {"lm_eval": loaded(task).identity()}
+
+    def problems(
+        self, task: TaskSpec, backend: Any, limit: int | None, data: Path | None, fingerprint: str | None
+    ) -> list[Problem]:
+        if data is not None:
+            raise SpecError(
+                f"task {task.name!r} reads an lm-eval task, whose YAML names its data: --data does not apply"
+            )
+        return loaded(task).problems(limit)

@@ -138,10 +138,6 @@ class ArmResult:
     test: PairedComparison | None
     """The sign test against the baseline with its Holm-corrected verdict (arms under test only)."""
     vs_full: Estimate | None
-    null_runs: dict[str, str]
-    """Task -> the baseline's run this arm was paired with (kvbench.results.pairing); empty: unpaired."""
-    full_runs: dict[str, str]
-    """Task -> the full cache's run this arm was paired with; empty: unpaired."""
 
     @property
     def verdict(self) -> str | None:
@@ -239,8 +235,6 @@ def compare_table(
                 vs_baseline=vs_base,
                 test=test,
                 vs_full=paired_difference(pooled[arm], full_scores) if full_scores is not None else None,
-                null_runs={t: run.run_id for t, run in nulls[arm].items()},
-                full_runs={t: run.run_id for t, run in fulls[arm].items()},
             )
         )
     return results
@@ -250,4 +244,4 @@ def _partner(
     run: StoredRun, every: Mapping[tuple[Arm, str], list[StoredRun]], arm: Arm, role: Role
 ) -> StoredRun | None:
     """The run of ``arm`` on the same task that pairs with ``run`` in ``role`` (kvbench.results.pairing)."""
-    return partner(run.spec, every.get((arm, run.task), ()), role, spec=lambda r: r.spec)
+    return partner(run.spec, every.get((arm, run.task), ()), role)

@@ -12,12 +12,20 @@ over the most problems: the paired statistics then use the problems both ran.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
 from kvbench.specs.resolved import ResolvedSpec, Role, digest
 
-T = TypeVar("T")
+
+class Paired(Protocol):
+    """What the rule reads of a candidate (a planned cell, a stored run, a bundle's run): its spec."""
+
+    @property
+    def spec(self) -> ResolvedSpec: ...
+
+
+T = TypeVar("T", bound=Paired)
 
 _NOT_SHARED_WITH_NULL = ("policy", "limit")
 _NOT_SHARED_WITH_REFERENCE = (*_NOT_SHARED_WITH_NULL, "budget", "ratio", "n_avg", "n_avg_measurement")
@@ -41,33 +49,36 @@ def cell_family(spec: ResolvedSpec) -> str:
     return digest(spec.without(*_NOT_SHARED_WITH_REFERENCE, "lm_eval") | {"limit": spec.limit})
 
 
-def partner(
-    run: ResolvedSpec, candidates: Iterable[T], role: Role, spec: Callable[[T], ResolvedSpec]
-) -> T | None:
+def partner(run: ResolvedSpec, candidates: Iterable[T], role: Role) -> T | None:
     """The candidate that pairs with ``run`` in ``role``: at the same problem limit, else the one with the
     most problems (None, no limit, counts as the most)."""
-    found = [c for c in candidates if pairs(run, spec(c), role)]
+    found = [c for c in candidates if pairs(run, c.spec, role)]
 
     def preference(candidate: T) -> tuple[bool, float]:
-        limit = spec(candidate).limit
+        limit = candidate.spec.limit
         return limit == run.limit, math.inf if limit is None else limit
 
     return max(found, key=preference, default=None)
 
 
-def null_of(run: ResolvedSpec, candidates: Iterable[T], spec: Callable[[T], ResolvedSpec]) -> T | None:
+def null_of(run: ResolvedSpec, candidates: Iterable[T]) -> T | None:
     """The run's null: its protocol's baseline policy, stored in the null's role."""
     nulls = (
-        c for c in candidates if spec(c).role == Role.NULL and spec(c).policy.name == run.protocol.baseline
+        c for c in candidates if c.spec.role == Role.NULL and c.spec.policy.name == run.protocol.baseline
     )
-    return partner(run, nulls, Role.NULL, spec)
+    return partner(run, nulls, Role.NULL)
 
 
-def reference_of(run: ResolvedSpec, candidates: Iterable[T], spec: Callable[[T], ResolvedSpec]) -> T | None:
+def reference_of(run: ResolvedSpec, candidates: Iterable[T]) -> T | None:
     """The run's full cache: its protocol's reference policy, stored in the reference's role."""
     references = (
         c
         for c in candidates
-        if spec(c).role == Role.REFERENCE and spec(c).policy.name == run.protocol.reference
+        if c.spec.role == Role.REFERENCE and c.spec.policy.name == run.protocol.reference
     )
-    return partner(run, references, Role.REFERENCE, spec)
+    return partner(run, references, Role.REFERENCE)
+
+
+def partners(run: ResolvedSpec, candidates: Sequence[T]) -> dict[str, T | None]:
+    """A policy run's null and full cache among ``candidates``, named as messages name them."""
+    return {"null": null_of(run, candidates), "full cache": reference_of(run, candidates)}

@@ -135,11 +135,9 @@ def verdicts(comparisons: list[PairedComparison], alpha: float = 0.05) -> list[P
     adjusted = holm([c.p_value for c in comparisons])
     out = []
     for comparison, p in zip(comparisons, adjusted, strict=True):
-        verdict: Verdict
+        verdict: Verdict = "ties null"
         if p < alpha:
             verdict = "beats null" if comparison.wins > comparison.losses else "loses to null"
-        else:
-            verdict = "ties null"
         out.append(replace(comparison, p_adjusted=p, verdict=verdict))
     return out
 

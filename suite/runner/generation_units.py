@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvbench.adapters.base import Backend, Sampling
-from kvbench.graders.registry import Grader
+from kvbench.graders.registry import Verdict
 from kvbench.runner.budgets import budget_fields
-from kvbench.runner.graded import graded_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
 from kvbench.specs.task import TaskSpec
@@ -48,54 +47,63 @@ class HubSource(TaskSource):
         graders: Graders,
     ) -> list[SampleRecord]:
         grader = graders[cell.task.grader]
-        return score_generation(
-            cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration, grader=grader
+        started = time.perf_counter()
+        settings = cell.protocol.sampling[cell.model.family]
+        sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
+        result = backend.generate(
+            problem.encoded(backend),
+            cell.policy,
+            cell.schedule(),
+            sample_seeds=seeds,
+            sampling=sampling,
+            max_new_tokens=cell.task.max_new_tokens,
+            calibration=calibration,
+            refuse_capped_prompt=True,
+            stop_strings=problem.stop,
         )
-
-
-def score_generation(
-    cell: Cell,
-    backend: Backend,
-    problem: Problem,
-    seeds: list[int],
-    *,
-    run_id: str,
-    calibration: Any,
-    grader: Grader,
-) -> list[SampleRecord]:
-    started = time.perf_counter()
-    settings = cell.protocol.sampling[cell.model.family]
-    sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
-    result = backend.generate(
-        problem.encoded(backend),
-        cell.policy,
-        cell.schedule(),
-        sample_seeds=seeds,
-        sampling=sampling,
-        max_new_tokens=cell.task.max_new_tokens,
-        calibration=calibration,
-        refuse_capped_prompt=True,
-        stop_strings=problem.stop,
-    )
-    seconds = (time.perf_counter() - started) / len(seeds)
-    rows = []
-    for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
-        verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
-        rows.append(
-            SampleRecord(
-                run_id=run_id,
-                task=cell.task.name,
-                problem_id=problem.problem_id,
-                problem_hash=problem_key(problem.problem_id),
-                sample=i,
-                seed=seed,
-                finish_reason=sample.finish_reason,
-                generated_tokens=sample.generated,
-                evictions=sample.evictions,
-                eviction_seconds=result.eviction_seconds / len(seeds),
-                wall_seconds=seconds,
-                **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
-                **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
+        seconds = (time.perf_counter() - started) / len(seeds)
+        rows = []
+        for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
+            verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
+            rows.append(
+                SampleRecord(
+                    run_id=cell.run_id,
+                    task=cell.task.name,
+                    problem_id=problem.problem_id,
+                    problem_hash=problem_key(problem.problem_id),
+                    sample=i,
+                    seed=seed,
+                    finish_reason=sample.finish_reason,
+                    generated_tokens=sample.generated,
+                    evictions=sample.evictions,
+                    eviction_seconds=result.eviction_seconds / len(seeds),
+                    wall_seconds=seconds,
+                    **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
+                    **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
+                )
             )
-        )
-    return rows
+        return rows
+
+
+def graded_fields(verdict: Verdict, output: str, finish_reason: str, task: TaskSpec) -> dict[str, Any]:
+    """The SampleRecord fields a verdict decides, once: a run grading each sample as it is generated and
+    `kvbench grade` grading stored outputs again both store what this says, so a re-grade with an
+    unchanged grader changes nothing (a partial-credit metric stays the score, never the 0/1 of
+    ``correct``). A sample cut off at the token cap is never strictly correct; a private task stores
+    neither its output nor the grader's detail (which may quote either)."""
+    truncated = finish_reason == "length"
+    public = task.visibility == "public"
+    secondary: dict[str, Any] = {"truncated": truncated}
+    if public:
+        secondary["detail"] = verdict.detail
+        secondary.update(getattr(verdict, "extra", {}))
+    return {
+        "metric": verdict.score,
+        "correct": verdict.correct,
+        "strict_correct": verdict.correct and not truncated,
+        "reason": verdict.reason,
+        "no_answer": verdict.no_answer,
+        "grader_version": verdict.version,
+        "secondary": secondary,
+        "output": output if public else None,
+    }

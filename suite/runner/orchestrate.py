@@ -32,7 +32,6 @@ class Timings:
     ingest: float = 0.0
     computed: int = 0
     reused: int = 0
-    by_cell: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -138,5 +137,4 @@ class _Run:
             timings.units += result.seconds
             timings.eviction += result.eviction
             timings.calibration += result.calibration
-            timings.by_cell[cell.label] = timings.by_cell.get(cell.label, 0.0) + result.seconds
         return failures

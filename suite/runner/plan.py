@@ -296,12 +296,6 @@ def measurement_key(reference: Cell) -> str:
     return digest(reference.spec.without("limit", "samples"))
 
 
-def suite_origin(suite: SuiteSpec, path: Path) -> dict[str, str]:
-    """What a run's manifest records of the suite it came from: a submission ships it, hashed."""
-    text = path.read_text(encoding="utf-8")
-    return {"name": suite.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "yaml": text}
-
-
 def plan(request: RunRequest) -> list[Cell]:
     """Every cell the request needs, baselines included, in a stable order.
 
@@ -318,7 +312,8 @@ def plan(request: RunRequest) -> list[Cell]:
         validate_values(BudgetRule, {"ratio": request.ratio}, {"ratio": "--ratio"}, {"ratio": request.ratio})
     runtime = _runtime(request)
     suite: SuiteSpec = load_suite(request.suite)
-    origin = suite_origin(suite, find_spec_file("suite", "suites", request.suite))
+    text = find_spec_file("suite", "suites", request.suite).read_text(encoding="utf-8")
+    origin = {"name": suite.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "yaml": text}
     if request.limit is not None:
         suite = with_overrides(suite, {"limit": request.limit}, {"limit": "--limit"})
     protocol = load_protocol(request.protocol or suite.protocol)
@@ -356,6 +351,9 @@ def plan(request: RunRequest) -> list[Cell]:
             n_avg = task.reference_n_avg(model.name)
             cell_of = functools.partial(
                 make_cell,
+                model,
+                task,
+                protocol=protocol,
                 n_avg=n_avg or float("nan"),
                 samples=request.samples if request.samples is not None else task.samples,
                 limit=suite.limit,
@@ -364,15 +362,7 @@ def plan(request: RunRequest) -> list[Cell]:
                 suite=origin,
             )
             # the full arm's identity does not depend on K: it names the measurement of N_avg
-            full = cell_of(
-                model,
-                task,
-                make_policy(protocol.reference),
-                protocol,
-                budget=0,
-                ratio=None,
-                role=Role.REFERENCE,
-            )
+            full = cell_of(make_policy(protocol.reference), budget=0, ratio=None, role=Role.REFERENCE)
             for budget, used_ratio, measured in _budgets(request, protocol, ratios, task, model.name, n_avg):
                 pending = PendingBudget(full.run_id, measurement_key(full)) if measured else None
                 arms: list[tuple[Policy, Role]] = [(p, Role.POLICY) for p in policies]
@@ -382,16 +372,8 @@ def plan(request: RunRequest) -> list[Cell]:
                         (make_policy(protocol.reference), Role.REFERENCE),
                     ]
                 for policy, role in arms:
-                    cell = cell_of(
-                        model,
-                        task,
-                        policy,
-                        protocol,
-                        budget=budget,
-                        ratio=used_ratio,
-                        role=role,
-                        pending=None if role == Role.REFERENCE else pending,
-                    )
+                    held = None if role == Role.REFERENCE else pending
+                    cell = cell_of(policy, budget=budget, ratio=used_ratio, role=role, pending=held)
                     if all(c.run_id != cell.run_id for c in cells):
                         cells.append(cell)
     check_capabilities(cells)

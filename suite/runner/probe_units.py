@@ -53,7 +53,78 @@ class ProbeTaskSource(TaskSource):
         calibration: Any,
         graders: Graders,
     ) -> list[SampleRecord]:
-        return score_probe(cell, backend, problem, seeds, run_id=cell.run_id, calibration=calibration)
+        started = time.perf_counter()
+        prompt, continuation, where = encode_problem(problem, backend)
+        source = cell.task.probe
+        needle = tuple(len(prompt) + i for i in where.get("needle", ()))
+        pinned = None
+        if source.pin_heads is not None:
+            heads = torch.arange(backend.facts.num_kv_heads) < source.pin_heads
+            pinned = PinnedSlots(torch.tensor(needle), heads)
+        fidelity = source.probe == "fidelity"
+        # the needle's survival is read in the cache the query's first token attends to
+        watch = None if fidelity else Watch(needle, where["query"][0])
+        result = backend.teacher_force(
+            prompt,
+            continuation,
+            cell.policy,
+            cell.schedule(),
+            row_seeds=seeds,
+            calibration=calibration,
+            reference=fidelity,
+            refuse_capped_prompt=True,
+            pinned=pinned,
+            watch=watch,
+        )
+        seconds = (time.perf_counter() - started) / len(seeds)
+        rows = []
+        for i, seed in enumerate(seeds):
+            measured: dict[str, Any] = {}
+            if fidelity:
+                # the predictions a cache could change: those made after the first event (at K + B slots)
+                scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
+                kl_to_full, agrees = result.against_full()
+                agreement = agrees[i, scored].float()
+                kl = kl_to_full[i, scored]
+                metric, correct = float(agreement.mean()) if agreement.numel() else 1.0, None
+                measured["kl_to_full"] = float(kl.mean()) if kl.numel() else 0.0
+                secondary = {"scored_tokens": agreement.numel()}
+            else:
+                answer = torch.tensor(where["answer"])
+                exact = bool(result.greedy_match[i, answer].all())
+                metric, correct = float(exact), exact
+                measured["answer_logprob"] = float(result.logprobs[i, answer].sum())
+                if result.survival is not None:
+                    held = result.survival[i]  # [L, Hkv]
+                    measured["needle_survival"] = float(held.mean())
+                    measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
+                    measured["needle_survival_by_head"] = held.flatten().tolist()
+                if result.high_precision_survival is not None:
+                    measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
+                secondary = {"answer_tokens": len(answer), "depth": source.depth}
+            rows.append(
+                SampleRecord(
+                    run_id=cell.run_id,
+                    task=cell.task.name,
+                    problem_id=problem.problem_id,
+                    problem_hash=problem_key(problem.problem_id),
+                    sample=i,
+                    seed=seed,
+                    metric=metric,
+                    correct=correct,
+                    strict_correct=correct,
+                    finish_reason="teacher-forced",
+                    generated_tokens=len(continuation),
+                    evictions=result.eviction_events,
+                    eviction_seconds=result.eviction_seconds / len(seeds),
+                    secondary=secondary,
+                    output=None,
+                    wall_seconds=seconds,
+                    **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
+                    **measured,
+                )
+            )
+        return rows
 
 
 def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[ProbeProblem]:
@@ -88,80 +159,3 @@ def encode_problem(
         where.setdefault(role, []).extend(range(len(continuation), len(continuation) + len(ids)))
         continuation.extend(ids)
     return prompt, continuation, where
-
-
-def score_probe(
-    cell: Cell, backend: Backend, problem: ProbeProblem, seeds: list[int], *, run_id: str, calibration: Any
-) -> list[SampleRecord]:
-    started = time.perf_counter()
-    prompt, continuation, where = encode_problem(problem, backend)
-    source = cell.task.probe
-    needle = tuple(len(prompt) + i for i in where.get("needle", ()))
-    pinned = None
-    if source.pin_heads is not None:
-        heads = torch.arange(backend.facts.num_kv_heads) < source.pin_heads
-        pinned = PinnedSlots(torch.tensor(needle), heads)
-    fidelity = source.probe == "fidelity"
-    # the needle's survival is read in the cache the query's first token attends to
-    watch = None if fidelity else Watch(needle, where["query"][0])
-    result = backend.teacher_force(
-        prompt,
-        continuation,
-        cell.policy,
-        cell.schedule(),
-        row_seeds=seeds,
-        calibration=calibration,
-        reference=fidelity,
-        refuse_capped_prompt=True,
-        pinned=pinned,
-        watch=watch,
-    )
-    seconds = (time.perf_counter() - started) / len(seeds)
-    rows = []
-    for i, seed in enumerate(seeds):
-        measured: dict[str, Any] = {}
-        if fidelity:
-            # the predictions a cache could change: those made after the first event (at K + B slots)
-            scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
-            kl_to_full, agrees = result.against_full()
-            agreement = agrees[i, scored].float()
-            kl = kl_to_full[i, scored]
-            metric, correct = float(agreement.mean()) if agreement.numel() else 1.0, None
-            measured["kl_to_full"] = float(kl.mean()) if kl.numel() else 0.0
-            secondary = {"scored_tokens": agreement.numel()}
-        else:
-            answer = torch.tensor(where["answer"])
-            exact = bool(result.greedy_match[i, answer].all())
-            metric, correct = float(exact), exact
-            measured["answer_logprob"] = float(result.logprobs[i, answer].sum())
-            if result.survival is not None:
-                held = result.survival[i]  # [L, Hkv]
-                measured["needle_survival"] = float(held.mean())
-                measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
-                measured["needle_survival_by_head"] = held.flatten().tolist()
-            if result.high_precision_survival is not None:
-                measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
-            secondary = {"answer_tokens": len(answer), "depth": source.depth}
-        rows.append(
-            SampleRecord(
-                run_id=run_id,
-                task=cell.task.name,
-                problem_id=problem.problem_id,
-                problem_hash=problem_key(problem.problem_id),
-                sample=i,
-                seed=seed,
-                metric=metric,
-                correct=correct,
-                strict_correct=correct,
-                finish_reason="teacher-forced",
-                generated_tokens=len(continuation),
-                evictions=result.eviction_events,
-                eviction_seconds=result.eviction_seconds / len(seeds),
-                secondary=secondary,
-                output=None,
-                wall_seconds=seconds,
-                **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
-                **measured,
-            )
-        )
-    return rows

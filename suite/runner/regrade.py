@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
-from kvbench.runner.graded import graded_fields
+from kvbench.runner.generation_units import graded_fields
 from kvbench.runner.sources import task_source
 from kvbench.specs.resolved import ResolvedSpec
 from kvbench.store.shards import ShardStore, read_records

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SOURCES = {
     "hub-dataset": "kvbench.runner.generation_units:HubSource",
     "probe": "kvbench.runner.probe_units:ProbeTaskSource",
-    "lm-eval": "kvbench.lmeval.source:LmEvalTaskSource",
+    "lm-eval": "kvbench.lmeval.tasks:LmEvalTaskSource",
 }
 
 

@@ -27,13 +27,8 @@ def _field(error: ErrorDetails) -> str:
     return ".".join(str(part) for part in error["loc"]) or "(top level)"
 
 
-def _fix_for(error: ErrorDetails) -> str:
-    kind = error["type"]
-    if kind == "missing":
-        return "add this field"
-    if kind == "extra_forbidden":
-        return "remove it or correct its spelling"
-    return "correct its value"
+_FIXES = {"missing": "add this field", "extra_forbidden": "remove it or correct its spelling"}
+"""What to do about a validation error, by its type (otherwise: correct its value)."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -84,7 +79,10 @@ def load_spec(path: Path, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        problems = [f"  field `{_field(err)}`: {err['msg']} ({_fix_for(err)})" for err in exc.errors()]
+        problems = [
+            f"  field `{_field(err)}`: {err['msg']} ({_FIXES.get(err['type'], 'correct its value')})"
+            for err in exc.errors()
+        ]
         raise SpecError(
             f"{path}: {len(problems)} problem(s) in this {model.__name__}:\n" + "\n".join(problems)
         ) from None

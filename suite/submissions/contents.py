@@ -11,7 +11,6 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from kvbench.results.check import outputs_digest
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.store.shards import read_manifest, read_shard
@@ -37,11 +36,6 @@ class StoredRun:
     @property
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("*.parquet"))
-
-
-def spec_of(run: StoredRun) -> ResolvedSpec:
-    """A run's spec, as the pairing rule (kvbench.results.pairing) reads its candidates."""
-    return run.spec
 
 
 def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:
@@ -82,7 +76,3 @@ def arrow_rows(con: duckdb.DuckDBPyConnection, query: str, params: list[Any]) ->
     """A query's rows as an Arrow table (DuckDB 2 names the call ``to_arrow_table``, earlier ``arrow``)."""
     relation = con.sql(query, params=params)
     return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
-
-
-def output_digests(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
-    return {run_id: outputs_digest(con, run_id) for run_id in run_ids}

@@ -18,7 +18,8 @@ import yaml
 import kvbench
 from kvbench.errors import KvbenchError, PrerequisiteError, SpecError
 from kvbench.registry import builtin_policies, find_policy
-from kvbench.results.pairing import null_of, reference_of
+from kvbench.results.check import outputs_digest
+from kvbench.results.pairing import partners
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import load_protocol, protocol_names
 from kvbench.specs.resolved import Role
@@ -32,7 +33,7 @@ from kvbench.submissions.bundle import (
     sha256_file,
     write_bundle,
 )
-from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_of, stored_runs
+from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,7 @@ def select(runs: list[StoredRun], run_ids: Sequence[str], policies: Sequence[str
     if not run_ids and not policies:
         chosen = {r.run_id: r for r in runs}
     for run in [r for r in chosen.values() if r.role == Role.POLICY]:
-        for arm, partner in (
-            ("null", null_of(run.spec, runs, spec_of)),
-            ("full cache", reference_of(run.spec, runs, spec_of)),
-        ):
+        for arm, partner in partners(run.spec, runs).items():
             if partner is None:
                 raise PrerequisiteError(
                     f"run {run.run_id} ({run.manifest.get('label')}) has no {arm} run beside it: run "
@@ -152,10 +150,10 @@ def _check_name(kind: str, name: str) -> None:
         )
 
 
-def _member(staging: Path, members: dict[str, Path], folder: str, name: str, suffix: str, text: str) -> str:
-    """``text`` written as the member ``folder/name+suffix``; two runs may share it only with one text."""
+def _member(staging: Path, members: dict[str, Path], folder: str, name: str, text: str) -> str:
+    """``text`` written as the member ``folder/name.yaml``; two runs may share it only with one text."""
     _check_name(folder[:-1], name)
-    member = f"{folder}/{name}{suffix}"
+    member = f"{folder}/{name}.yaml"
     path = staging / member
     if member in members and path.read_text(encoding="utf-8") != text:
         raise PrerequisiteError(f"two runs name different {folder} {name!r}: export them in separate bundles")
@@ -190,7 +188,6 @@ def export(
         raise PrerequisiteError(
             "damaged shards, export nothing:\n  " + "\n  ".join(f"{p}: {w}" for p, w in bad)
         )
-    digests = output_digests(con, [r.run_id for r in chosen])
     counts = dict(con.execute("SELECT run_id, count(*) FROM samples GROUP BY run_id").fetchall())
     sources = _scorer_sources(chosen, scorers)
     with tempfile.TemporaryDirectory() as staging_name:
@@ -202,11 +199,10 @@ def export(
                 raise PrerequisiteError(f"run {run.run_id} ({run.manifest.get('label')}) has no samples yet")
             members[f"runs/{run.run_id}/manifest.json"] = run.folder / "manifest.json"
             members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
-            suite_name, suite_yaml = _suite_text(run, suite)
-            suite_member = _member(staging, members, "suites", suite_name, ".yaml", suite_yaml)
-            protocol_name = run.spec.protocol.name
-            protocol_text = _protocol_text(run)
-            protocol_member = _member(staging, members, "protocols", protocol_name, ".yaml", protocol_text)
+            suite_member = _member(staging, members, "suites", *_suite_text(run, suite))
+            protocol_member = _member(
+                staging, members, "protocols", run.spec.protocol.name, _protocol_text(run)
+            )
             policy = run.spec.policy.name
             scorer_member = f"scorers/{policy}.py" if policy in sources else None
             if scorer_member:
@@ -217,7 +213,7 @@ def export(
                     "run_id": run.run_id,
                     "role": run.role,
                     "label": run.manifest.get("label"),
-                    "output_digest": digests[run.run_id],
+                    "output_digest": outputs_digest(con, run.run_id),
                     "samples": counts[run.run_id],
                     "suite": suite_member,
                     "protocol": protocol_member,

@@ -35,7 +35,8 @@ import yaml
 
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
-from kvbench.results.pairing import null_of, reference_of
+from kvbench.results.check import outputs_digest
+from kvbench.results.pairing import partners
 from kvbench.runner.plan import RUNNER_VERSION
 from kvbench.specs.loading import SPEC_ROOT
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
@@ -53,7 +54,7 @@ from kvbench.submissions.bundle import (
     Failure,
     sha256_file,
 )
-from kvbench.submissions.contents import StoredRun, load_samples, output_digests, spec_of, stored_runs
+from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
 
 
 @dataclass
@@ -96,12 +97,12 @@ def check_bundle(folder: Path) -> Checked:
     runs, broken = stored_runs(folder / "runs")
     for name in broken:
         checked.fail(f"runs/{name}/manifest.json", "bundle-manifest", "missing or not a run manifest")
-    listed = {c["run_id"] for c in manifest["cells"]}
+    cells = {c["run_id"]: c for c in manifest["cells"]}
     for run in runs:
-        if run.run_id not in listed:
+        if run.run_id not in cells:
             checked.fail(f"runs/{run.run_id}", "bundle-manifest", "a run the bundle manifest does not list")
-    checked.runs = [r for r in runs if r.run_id in listed]
-    missing = listed - {r.run_id for r in runs} - set(broken)
+    checked.runs = [r for r in runs if r.run_id in cells]
+    missing = cells.keys() - {r.run_id for r in runs} - set(broken)
     for run_id in sorted(map(str, missing)):
         checked.fail(
             f"runs/{run_id}", "bundle-manifest", "listed in the bundle manifest but not in the bundle"
@@ -110,7 +111,6 @@ def check_bundle(folder: Path) -> Checked:
     checked.samples = con
     for path, why in bad:
         checked.fail(str(path.relative_to(folder)), "sample-counts", why)
-    cells = {c["run_id"]: c for c in manifest["cells"]}
     # a run whose spec does not even have the shape of one is judged no further
     checked.runs = [run for run in checked.runs if _run_rules(folder, run, cells[run.run_id], checked)]
     _baselines(checked)
@@ -162,7 +162,7 @@ def _judge_run(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
     _counts(where, run, rows, checked)
     if len(rows) != cell["samples"]:
         checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
-    outputs = output_digests(checked.samples, [run.run_id])[run.run_id]
+    outputs = outputs_digest(checked.samples, run.run_id)
     if outputs != cell["output_digest"]:
         checked.fail(
             where,
@@ -378,10 +378,7 @@ def _baselines(checked: Checked) -> None:
     for run in checked.runs:
         if run.role != Role.POLICY:
             continue
-        for arm, partner in (
-            ("null", null_of(run.spec, checked.runs, spec_of)),
-            ("full cache", reference_of(run.spec, checked.runs, spec_of)),
-        ):
+        for arm, partner in partners(run.spec, checked.runs).items():
             if partner is None:
                 checked.fail(
                     f"runs/{run.run_id}", "baselines", f"no {arm} run of the same cell in the bundle"

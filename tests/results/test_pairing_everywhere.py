@@ -23,7 +23,6 @@ from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, RunRequest, plan
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import ingest
-from kvbench.submissions.contents import spec_of
 from kvbench.submissions.contents import stored_runs as bundle_runs
 from kvbench.submissions.export import select
 
@@ -74,7 +73,7 @@ def test_every_fidelity_run_is_paired_with_the_full_cache_scored_at_its_own_budg
     tested = [r for r in runs if r.role != Role.REFERENCE]
     assert len(tested) == 6  # streaming and the null at each K, the shared K = 320 stored once
     for run in tested:
-        full = reference_of(run.spec, runs, spec=lambda r: r.spec)
+        full = reference_of(run.spec, runs)
         assert full is not None and full.spec.budget == run.budget
         assert scored[full.run_id] == scored[run.run_id], run.budget
     # a later K scores fewer predictions: had the sweeps shared one full cache, two K would disagree
@@ -115,8 +114,8 @@ def test_compare_check_the_leaderboard_and_export_pair_every_run_alike(
     assert chosen == {r.run_id for k in policy for r in (policy[k], null[k], full[k])}
     for k, run in policy.items():
         mine = next(s for s in shards if s.run_id == run.run_id)
-        assert null_of(mine.spec, shards, spec_of).run_id == null[k].run_id
-        assert reference_of(mine.spec, shards, spec_of).run_id == full[k].run_id
+        assert null_of(mine.spec, shards).run_id == null[k].run_id
+        assert reference_of(mine.spec, shards).run_id == full[k].run_id
 
     # kvbench check records, for every policy cell, the null and the full cache it is paired with
     unique = list({c.run_id: c for c in cells}.values())

@@ -9,9 +9,9 @@ import torch
 from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.adapters.hf.teacher import teacher_force
-from kvbench.runner.execute import cell_problems
+from kvbench.runner.execute import Graders, cell_problems
 from kvbench.runner.plan import RunRequest, plan
-from kvbench.runner.probe_units import encode_problem, score_probe
+from kvbench.runner.probe_units import ProbeTaskSource, encode_problem
 
 SEEDS = [5, 6]
 
@@ -34,7 +34,7 @@ def test_fidelity_scores_from_the_first_prediction_the_first_eviction_can_change
     # equals the full cache's exactly; the first one after it does not
     changed = (kl.abs() > 0).any(dim=0).nonzero()[0].item()
     assert torch.all(kl[:, :changed] == 0) and changed > 0
-    rows = score_probe(cell, HFBackend(tiny), problem, SEEDS, run_id=cell.run_id, calibration=None)
+    rows = ProbeTaskSource().score(cell, HFBackend(tiny), problem, SEEDS, None, Graders())
     for i, row in enumerate(rows):
         secondary = row.secondary
         agree = forced.top1_agrees_with_full[i, changed:].float()
@@ -58,7 +58,7 @@ def test_passkey_scores_exactly_the_passcode_tokens(tiny: LoadedModel) -> None:
     start = len(prompt)
     expected = sum(logprobs[start + t - 1, continuation[t]].item() for t in where["answer"])
     greedy = all(logprobs[start + t - 1].argmax().item() == continuation[t] for t in where["answer"])
-    rows = score_probe(cell, HFBackend(tiny), problem, SEEDS, run_id=cell.run_id, calibration=None)
+    rows = ProbeTaskSource().score(cell, HFBackend(tiny), problem, SEEDS, None, Graders())
     for row in rows:
         assert row.answer_logprob == pytest.approx(expected, abs=1e-3)
         assert row.secondary["answer_tokens"] == len(where["answer"])
