@@ -24,6 +24,7 @@ def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
     info: dict[str, str | int | None] = {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
+        "cpu_vector_features": _vector_features(),
         "cpu_count": os.cpu_count() or 0,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
@@ -65,6 +66,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def _vector_features() -> str | None:
+    """The CPU's vector instruction sets (AVX, AVX-512 and its BF16/VNNI parts, AMX, FMA): two CPUs sold
+    under one model name can differ here, and torch picks different kernels, which round differently."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    except OSError:
+        pass
+    return None
 
 
 def git_state(where: Path) -> dict[str, Any]:

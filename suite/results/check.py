@@ -183,7 +183,8 @@ def compare_with_reference(
 
 
 def environment_changes(reference_manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Library versions, Python, CPU model and torch threads that differ from the reference's."""
+    """Library versions, Python, CPU model, its vector features and torch threads that differ from the
+    reference's."""
 
     def environment(manifest: dict[str, Any]) -> dict[str, Any]:
         hardware = manifest.get("hardware") or {}
@@ -191,6 +192,7 @@ def environment_changes(reference_manifest: dict[str, Any], current: dict[str, A
             **(manifest.get("packages") or {}),
             "python": manifest.get("python"),
             "cpu": hardware.get("cpu"),
+            "cpu vector features": hardware.get("cpu_vector_features"),
             "torch threads": hardware.get("torch_threads"),
         }
 
