@@ -62,7 +62,7 @@ def scorer(tmp_path: Path, body: str, name: str = "scorer.py") -> Path:
     return path
 
 
-def hostile(tmp_path: Path, score_body: str, name: str = "hostile") -> IsolatedPolicy:
+def hostile(tmp_path: Path, score_body: str, name: str = "hostile", seconds: float = 30) -> IsolatedPolicy:
     body = f'''
 import os, socket, sys, time
 import torch
@@ -76,7 +76,7 @@ class Hostile(Policy):
 {textwrap.indent(textwrap.dedent(score_body), "        ")}
         return view.keys.float().norm(dim=-1)
 '''
-    return IsolatedPolicy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=3))
+    return IsolatedPolicy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=seconds))
 
 
 def _run(policy, steps: int = 30) -> RecordingBackend:
@@ -153,7 +153,7 @@ def test_what_the_scorer_raises_is_named_with_its_policy_layer_and_event(
 
 
 def test_a_scorer_that_never_returns_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
-    policy = hostile(tmp_path, "while True:\n    time.sleep(1)")
+    policy = hostile(tmp_path, "while True:\n    time.sleep(1)", seconds=3)
     started = time.monotonic()
     with pytest.raises(ScorerError) as raised:
         _run(policy, steps=20)
