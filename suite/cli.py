@@ -17,7 +17,11 @@ errors = Console(stderr=True, markup=False, emoji=False, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvbench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvbench",
+        description="Benchmark KV-cache eviction scorers against the Random Attention null, same budget.",
+        epilog="Start with: kvbench run --policy snapkv --protocol protect-prompt. Docs: README.md, docs/.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for module in (run, check, policies, models, bench, leaderboard, submissions, lmeval, analyze):
         module.register(commands)

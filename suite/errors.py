@@ -21,7 +21,8 @@ class UnknownNameError(KvbenchError, KeyError):
         known = sorted(known)
         close = difflib.get_close_matches(name, known, n=3)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        super().__init__(f"unknown {kind} {name!r}.{hint} Known {kind}s: {', '.join(known) or '(none)'}.")
+        plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"  # policy -> policies
+        super().__init__(f"unknown {kind} {name!r}.{hint} Known {plural}: {', '.join(known) or '(none)'}.")
         self.kind, self.name, self.known = kind, name, known
 
     def __str__(self) -> str:  # KeyError would otherwise print the message in quotes

@@ -234,3 +234,12 @@ def test_policy_own_infinity_never_displaces_protected_slots() -> None:
     for _ in range(30):
         backend.step()
     assert (backend.layers[0].positions[..., :19] == torch.arange(19)).all()
+
+
+def test_an_unknown_name_lists_the_known_ones_in_plain_english() -> None:
+    from kvbench.errors import UnknownNameError, UnknownPolicyError
+
+    assert str(UnknownPolicyError("snapk", ["snapkv", "random"])) == (
+        "unknown policy 'snapk'. Did you mean 'snapkv'? Known policies: random, snapkv."
+    )
+    assert str(UnknownNameError("suite", "fast", [])).endswith("Known suites: (none).")

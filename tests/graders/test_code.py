@@ -5,6 +5,7 @@ Attacks on the sandbox are in test_sandbox.py."""
 from __future__ import annotations
 
 from kvbench.graders.code import CodeTest, Limits, extract_code, grade_code
+from support import needs_sandbox
 
 LIMITS = Limits(cpu_seconds=2, wall_seconds=5, memory_bytes=512 << 20)
 ADD = [CodeTest("3 4\n", "7\n", "stdin"), CodeTest("10 -2\n", "8\n", "stdin")]
@@ -14,12 +15,14 @@ def fenced(code: str) -> str:
     return f"Here is my solution.\n```python\n{code}\n```\n"
 
 
+@needs_sandbox
 def test_a_correct_program_passes_and_a_wrong_one_fails() -> None:
     assert grade_code(fenced("a, b = map(int, input().split())\nprint(a + b)"), ADD, limits=LIMITS).correct
     verdict = grade_code(fenced("print(7)"), ADD, limits=LIMITS)
     assert not verdict.correct and verdict.failed == "test 1: wrong answer"
 
 
+@needs_sandbox
 def test_functional_problems_call_the_solution_method() -> None:
     tests = [CodeTest("[1, 2, 3]\n2", "[2, 4, 6]", "functional"), CodeTest("[]\n5", "[]", "functional")]
     good = "class Solution:\n    def scale(self, xs, k):\n        return [x * k for x in xs]"

@@ -303,13 +303,13 @@ def test_kvbench_run_through_vllm_lands_in_duckdb_and_compare_reads_it(tmp_path:
 
 
 @pytest.mark.slow
-def test_the_readmes_vllm_examples_run_as_written(tmp_path: Path) -> None:
-    """Every `.vllm-venv/bin/kvbench ...` line of the README, run with this venv's kvbench from the
+def test_the_docs_vllm_examples_run_as_written(tmp_path: Path) -> None:
+    """Every `.vllm-venv/bin/kvbench ...` line of docs/vllm.md, run with this venv's kvbench from the
     repository root (their --data path is the repository's fixture), writing into a scratch folder."""
     root = Path(__file__).resolve().parents[3]
     lines = [
         line.strip().split(" ", 1)[1]
-        for line in (root / "README.md").read_text().splitlines()
+        for line in (root / "docs" / "vllm.md").read_text().splitlines()
         if line.startswith("    .vllm-venv/bin/kvbench ")
     ]
     assert len(lines) >= 3
