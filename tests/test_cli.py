@@ -54,6 +54,20 @@ def test_new_policy_writes_a_working_template_and_never_overwrites(tmp_path: Pat
     assert bad.returncode == 2 and "lower-case" in bad.stderr
 
 
+def test_new_policy_writes_into_the_current_folder_and_runs_from_there(tmp_path: Path) -> None:
+    from importlib import import_module
+
+    package = Path(import_module("kvbench.policies").__path__[0])
+    before = sorted(p.name for p in package.iterdir())
+    result = kvbench("new-policy", "here-scorer", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "here_scorer.py").is_file()
+    assert sorted(p.name for p in package.iterdir()) == before  # kvbench's own source is left untouched
+    assert result.stdout.splitlines()[-1].endswith("--policy ./here_scorer.py:HereScorer")
+    listed = kvbench("run", "--policy", "./here_scorer.py:HereScorer", "--model", "nope", cwd=tmp_path)
+    assert "here_scorer" not in listed.stderr and "unknown model 'nope'" in listed.stderr
+
+
 def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
     out = tmp_path / "reports" / "bench.json"  # a folder that does not exist yet is made
     result = kvbench(

@@ -15,7 +15,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     new = commands.add_parser("new-policy", help="write a commented, working scorer template")
     new.add_argument("name")
-    new.add_argument("--dir", help="folder to write into (default: the policies/ folder of kvbench)")
+    new.add_argument(
+        "--dir",
+        default=".",
+        help="folder to write into (default: the current one; kvbench's policies/ makes a built-in)",
+    )
     new.set_defaults(func=new_policy)
 
 
@@ -57,8 +61,10 @@ def new_policy(args: argparse.Namespace) -> int:
     if args.name in known_policies():
         raise SpecError(f"a policy named {args.name!r} exists already; choose another name")
     package_dir = Path(kvbench.policies.__path__[0])
-    folder = Path(args.dir) if args.dir else package_dir
+    folder = Path(args.dir)
     path = write_template(args.name, folder)
-    use = args.name if folder.resolve() == package_dir.resolve() else f"{path}:{class_name(args.name)}"
+    # a relative path keeps its "./": `--policy my_scorer.py:X` would read as a policy name with parameters
+    shown = path if path.is_absolute() else f"./{path}" if path.parent == Path() else path
+    use = args.name if folder.resolve() == package_dir.resolve() else f"{shown}:{class_name(args.name)}"
     print(f"wrote {path}\nedit its score(); select it with --policy {use}")
     return 0
