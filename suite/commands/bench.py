@@ -22,6 +22,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     evict.add_argument("--budget", type=int, default=2048)
     evict.add_argument("--buffer", type=int, default=64)
     evict.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    evict.add_argument("--layers", type=int, default=1, help="layers evicted per event (a whole model's)")
+    evict.add_argument("--device", default="cpu", help="cpu, or cuda (timed with CUDA events)")
     evict.add_argument("--min-time", type=float, default=1.0, help="seconds of timing per policy and batch")
     evict.add_argument(
         "--isolated",
@@ -133,15 +135,23 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         min_run_time=args.min_time,
         isolated=args.isolated,
+        layers=args.layers,
+        device=args.device,
     )
     table = Table(
-        title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {args.dtype}"
+        title=f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
+        f"B={args.buffer} {args.dtype} on {args.device}"
     )
-    for column in ("policy", "batch", "ms / event", "× random", "runs"):
+    for column in ("policy", "batch", "ms / event", "× random", "copy floor ms", "runs"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
         table.add_row(
-            r.policy, str(r.batch), f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}", str(r.runs)
+            r.policy,
+            str(r.batch),
+            f"{r.ms_per_event:.2f}",
+            f"{r.ratio_to_random:.2f}",
+            f"{r.copy_floor_ms:.3f}",
+            str(r.runs),
         )
     machine = describe_machine()
     console.print(table)
