@@ -12,6 +12,8 @@ the cache demotes tokens to the protocol's bits, whether or not the policy evict
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -180,6 +182,17 @@ class EvictingCache(Cache):
         for layer in self.evicting_layers:
             layer.slots.select_rows(index)
         self.queries = [q.index_select(0, index) if q is not None else None for q in self.queries]
+
+
+def cache_argument(model: Any, cache: EvictingCache) -> dict[str, Any]:
+    """The forward's keyword arguments that hand it ``cache``: ``cache=`` from transformers 5.20 on,
+    ``past_key_values=`` before (the GPU node's 5.17), and ``kvbench_cache=`` for kvbench's attention."""
+    return {_cache_keyword(type(model)): cache, "kvbench_cache": cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def make_cache(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from kvbench.adapters.base import TeacherForced, Watch
-from kvbench.adapters.hf.cache import EvictingCache, make_cache
+from kvbench.adapters.hf.cache import EvictingCache, cache_argument, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
 from kvbench.core.engine import PinnedSlots
@@ -38,8 +38,7 @@ class _Stream:
         logits = self.loaded.model(
             input_ids=tokens,
             position_ids=positions,
-            cache=self.cache,
-            kvbench_cache=self.cache,
+            **cache_argument(self.loaded.model, self.cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         ).logits
