@@ -12,7 +12,6 @@ the cache demotes tokens to the protocol's bits, whether or not the policy evict
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any, cast
@@ -187,12 +186,15 @@ class EvictingCache(Cache):
 def cache_argument(model: Any, cache: EvictingCache) -> dict[str, Any]:
     """The forward's keyword arguments that hand it ``cache``: ``cache=`` from transformers 5.20 on,
     ``past_key_values=`` before (the GPU node's 5.17), and ``kvbench_cache=`` for kvbench's attention."""
-    return {_cache_keyword(type(model)): cache, "kvbench_cache": cache}
+    kind = type(model)
+    if kind not in _CACHE_KEYWORDS:
+        accepts = "cache" in inspect.signature(kind.forward).parameters
+        _CACHE_KEYWORDS[kind] = "cache" if accepts else "past_key_values"
+    return {_CACHE_KEYWORDS[kind]: cache, "kvbench_cache": cache}
 
 
-@functools.cache
-def _cache_keyword(model_class: type) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+_CACHE_KEYWORDS: dict[type, str] = {}
+"""The cache keyword per model class, read once from its forward's signature."""
 
 
 def make_cache(

@@ -10,10 +10,10 @@ must read and write, over the device's copy bandwidth measured here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -146,13 +146,10 @@ def bench_evict(
                 row_seeds=range(batch),
                 calibration=calibration,
             )
-            times[name] = median_ms(
-                lambda evictor=evictor: evictor.evict(
-                    [layer] * layers, step=budget + buffer, queries=[queries] * layers
-                ),
-                where,
-                min_run_time,
+            event = functools.partial(
+                evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
             )
+            times[name] = median_ms(event, where, min_run_time)
         base = times["random"][0]
         results += [
             EvictTiming(n, batch, ms, ms / base, runs, layers, moved, moved / bandwidth * 1e3)

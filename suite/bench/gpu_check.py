@@ -165,7 +165,9 @@ def parity_section(device: str, shapes: Shapes, reference: str = "cpu") -> dict[
             kept, _ = kept_trace(loaded, tokens, shapes.parity_prompt, name, schedule, row_seeds, calibration)
             return kept
 
-        base, draws = kept_trace(on_reference, tokens, shapes.parity_prompt, name, schedule, seeds, calibration)
+        base, draws = kept_trace(
+            on_reference, tokens, shapes.parity_prompt, name, schedule, seeds, calibration
+        )
         against = compare_traces(base, trace(on_device, seeds))
         row: dict[str, Any] = {"policy": name, "draws": draws, **asdict(against), "equal": against.equal}
         if draws:  # its own device's generators: the seed, not the device, must decide what it keeps
@@ -174,7 +176,11 @@ def parity_section(device: str, shapes: Shapes, reference: str = "cpu") -> dict[
             differs = not compare_traces(first, trace(on_device, others)).equal
             alone = trace(on_device, seeds[:1])
             row_alone = compare_traces([t[:, :1] for t in first], alone).equal
-            row |= {"same_seed_same_kept": again, "other_seed_other_kept": differs, "row_independent": row_alone}
+            row |= {
+                "same_seed_same_kept": again,
+                "other_seed_other_kept": differs,
+                "row_independent": row_alone,
+            }
             # a draw that seldom decides (vase-attnv's sampling at tiny shapes) may keep the same slots under
             # other seeds; the null's uniform draw always moves with its seed
             row["seeded"] = again and row_alone and (differs or name != "random")

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+DECODE_COLUMNS = ["policy", "regime", "memory", "batch", "tokens/s", "× full", "events", "ms / event",
+                  "barrier stall ms", "peak KV", "peak device"]  # fmt: skip
+
+
+DECODE_COLUMNS = ["policy", "regime", "memory", "batch", "tokens/s", "× full", "events", "ms / event",
+                  "barrier stall ms", "peak KV", "peak device"]  # fmt: skip
+
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -47,7 +54,9 @@ def summary(report: dict[str, Any]) -> str:
             f"## Parity: kept positions on {report['device']} against {parity['reference_device']} "
             f"({parity['model']}, {parity['dtype']}, {parity['attention']}, K={parity['budget']}, "
             f"B={parity['buffer']}, {parity['forced_tokens']} teacher-forced tokens)",
-            _table(["policy", "kind", "equal events", "kept agreement", "equal", "draws follow the seed"], rows),
+            _table(
+                ["policy", "kind", "equal events", "kept agreement", "equal", "draws follow the seed"], rows
+            ),
         ]
     cost = report.get("event_cost")
     if cost:
@@ -92,11 +101,7 @@ def summary(report: dict[str, Any]) -> str:
         parts += [
             f"## {title}: {section['model']} ({section['dtype']}, {section['attention']}), "
             f"{section['rows'][0]['prompt_tokens']}-token prompt, {section['rows'][0]['tokens']} new tokens",
-            _table(
-                ["policy", "regime", "memory", "batch", "tokens/s", "× full", "events", "ms / event",
-                 "barrier stall ms", "peak KV", "peak device"],
-                rows,
-            ),  # fmt: skip
+            _table(DECODE_COLUMNS, rows),
             f"random / full: {section['random_vs_full']}",
         ]
     imports = report["imports"]
@@ -106,5 +111,8 @@ def summary(report: dict[str, Any]) -> str:
         f"not on the GPU node: {', '.join(imports['not_on_gpu_node']) or 'none'}",
     ]
     if report["errors"]:
-        parts += ["## Errors", *[f"- {name}: {text.splitlines()[0]}" for name, text in report["errors"].items()]]
+        parts += [
+            "## Errors",
+            *[f"- {name}: {text.splitlines()[0]}" for name, text in report["errors"].items()],
+        ]
     return "\n\n".join(parts) + "\n"

@@ -2,9 +2,9 @@
 
 A seeded tiny model (the same weights on both devices, built on the CPU) is teacher-forced through the
 same token sequence under each policy, so the model's outputs never steer the comparison; after every
-forward the cache's kept positions are read whenever an event fired. A policy that draws (its kept
-positions move with the row seeds) cannot match across devices, since torch's generators are per device:
-(a policy draws when its scoring advances the view's generators) for those the check is that draws follow the seed (the same seeds keep the same positions, other seeds
+forward the cache's kept positions are read whenever an event fired. A policy that draws (its scoring
+advances the view's generators) cannot match across devices, since torch's generators are per device:
+for those the check is that draws follow the seed (the same seeds keep the same positions, other seeds
 others, and a row keeps the same positions whatever rows share its batch).
 """
 
@@ -104,7 +104,11 @@ def compare_traces(reference: Trace, other: Trace) -> TraceComparison:
             continue
         if first is None:
             layer = next(
-                (i for i in range(min(len(a), len(b))) if a[i].shape != b[i].shape or not torch.equal(a[i], b[i])),
+                (
+                    i
+                    for i in range(min(len(a), len(b)))
+                    if a[i].shape != b[i].shape or not torch.equal(a[i], b[i])
+                ),
                 min(len(a), len(b)),
             )
             first = {"event": event, "layer": layer}

@@ -1,4 +1,4 @@
-"""`make gpu-check DEVICE=cpu`: the GPU node's check at tiny shapes, so that it cannot rot between GPU runs."""
+"""`make gpu-check DEVICE=cpu`: the GPU node's check at tiny shapes, so it cannot rot between GPU runs."""
 
 from __future__ import annotations
 
@@ -23,7 +23,15 @@ ROOT = Path(__file__).parents[2]
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("gpu-check")
     venv = Path(sys.prefix)  # this interpreter's venv, taken as built (-o: make never rebuilds it here)
-    command = ["make", "-o", f"{venv}/.installed", "gpu-check", "DEVICE=cpu", f"VENV={venv}", f"GPU_CHECK_OUT={out}"]
+    command = [
+        "make",
+        "-o",
+        f"{venv}/.installed",
+        "gpu-check",
+        "DEVICE=cpu",
+        f"VENV={venv}",
+        f"GPU_CHECK_OUT={out}",
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (found,) = out.glob("*.json")
@@ -68,7 +76,11 @@ def test_decode_rows_name_their_regime_and_iso_memory_gives_random_more_rows(rep
     rows = {(r["batching"], r["policy"]): r for r in decode["rows"]}
     assert set(rows) == {(b, p) for b in ("fixed-batch", "iso-memory") for p in ("full", "random")}
     shapes = SCALES["cpu"]
-    assert rows["fixed-batch", "full"]["batch"] == rows["fixed-batch", "random"]["batch"] == shapes.decode_fixed_batch
+    assert (
+        rows["fixed-batch", "full"]["batch"]
+        == rows["fixed-batch", "random"]["batch"]
+        == shapes.decode_fixed_batch
+    )
     assert not rows["fixed-batch", "full"]["memory_bound"]
     # iso-memory: each arm's batch is the memory over its own peak KV bytes per sequence
     need = decode["kv_bytes_per_sequence"]
@@ -77,7 +89,10 @@ def test_decode_rows_name_their_regime_and_iso_memory_gives_random_more_rows(rep
         assert row["memory_bound"] and row["batch"] == shapes.decode_memory_cap // need[policy]
         assert row["tokens_per_second"] > 0
     assert rows["iso-memory", "random"]["batch"] > rows["iso-memory", "full"]["batch"]
-    assert rows["iso-memory", "random"]["eviction_events"] > 0 and rows["iso-memory", "full"]["eviction_events"] == 0
+    assert (
+        rows["iso-memory", "random"]["eviction_events"] > 0
+        and rows["iso-memory", "full"]["eviction_events"] == 0
+    )
     assert report["flash_attention"]["ran"] is False and "skipped" in report["flash_attention"]["note"]
 
 
@@ -92,7 +107,9 @@ def test_kv_bytes_per_sequence_counts_the_event_s_two_copies() -> None:
 
 def test_parity_detects_a_planted_mismatch() -> None:
     loaded = load_model("tiny-qwen3")
-    tokens = torch.randint(0, len(loaded.tokenizer), (96,), generator=torch.Generator().manual_seed(1)).tolist()
+    tokens = torch.randint(
+        0, len(loaded.tokenizer), (96,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     schedule = Schedule(budget=32, buffer=8)
     snapkv, drew = kept_trace(loaded, tokens, 16, "snapkv", schedule, (1, 2))
     assert not drew and len(snapkv) > 3
@@ -107,5 +124,5 @@ def test_parity_detects_a_planted_mismatch() -> None:
     assert not other.equal and other.first_mismatch is not None
     shorter = compare_traces(snapkv, snapkv[:-1])
     assert not shorter.equal and shorter.first_mismatch == {"event": len(snapkv) - 1, "layer": 0}
-    random, drew = kept_trace(loaded, tokens, 16, "random", schedule, (1, 2))
+    _, drew = kept_trace(loaded, tokens, 16, "random", schedule, (1, 2))
     assert drew
