@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 # The lock pins torch==2.13.0, which either build satisfies.
 TORCH_INDEX ?=
 
-.PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm
+.PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm gpu-check gpu-wheels
 
 venv: $(VENV)/.installed
 
@@ -68,6 +68,35 @@ docs: venv
 bench: venv
 	$(BIN)/kvbench bench evict
 	$(BIN)/kvbench bench decode --model smollm2-135m
+
+# `make gpu-check` on the locked-down GPU node (runs/gpu-check/README.md): no network, nothing beyond the
+# checkout and .gpu-wheels/ (`make gpu-wheels` on a machine with PyPI: the cp312 manylinux wheels of
+# requirements/gpu-wheels.txt and of setuptools and wheel, which build kvbench; about 4 MiB). kvbench and
+# the wheels install with --no-deps into .gpu-site/ over the node's own torch and transformers.
+# `make gpu-check DEVICE=cpu` runs the same script at tiny shapes from .venv (CI runs it: tests/bench).
+DEVICE ?= cuda
+GPU_WHEELS := .gpu-wheels
+GPU_SITE := .gpu-site
+GPU_CHECK_OUT ?= runs/gpu-check
+GPU_BUILD := setuptools==84.2.1 wheel==0.45.1
+gpu-wheels:
+	rm -rf $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) -r requirements/gpu-wheels.txt $(GPU_BUILD)
+	du -sh $(GPU_WHEELS)
+
+ifeq ($(DEVICE),cpu)
+gpu-check: venv
+	$(BIN)/python -m kvbench.bench.gpu_check --device cpu --out $(GPU_CHECK_OUT)
+else
+gpu-check:
+	rm -rf $(GPU_SITE)
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-cache-dir --find-links $(GPU_WHEELS) \
+		--target $(GPU_SITE) -r requirements/gpu-wheels.txt
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-cache-dir --find-links $(GPU_WHEELS) --target $(GPU_SITE) .
+	PYTHONPATH=$(abspath $(GPU_SITE)) $(PYTHON) -m kvbench.bench.gpu_check --device $(DEVICE) --out $(GPU_CHECK_OUT)
+endif
 
 # pytest exits 5 when it collected no test: for kvbench that is a broken test tree, never a pass.
 test: venv

@@ -12,6 +12,7 @@ the cache demotes tokens to the protocol's bits, whether or not the policy evict
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -180,6 +181,20 @@ class EvictingCache(Cache):
         for layer in self.evicting_layers:
             layer.slots.select_rows(index)
         self.queries = [q.index_select(0, index) if q is not None else None for q in self.queries]
+
+
+def cache_argument(model: Any, cache: EvictingCache) -> dict[str, Any]:
+    """The forward's keyword arguments that hand it ``cache``: ``cache=`` from transformers 5.20 on,
+    ``past_key_values=`` before (the GPU node's 5.17), and ``kvbench_cache=`` for kvbench's attention."""
+    kind = type(model)
+    if kind not in _CACHE_KEYWORDS:
+        accepts = "cache" in inspect.signature(kind.forward).parameters
+        _CACHE_KEYWORDS[kind] = "cache" if accepts else "past_key_values"
+    return {_CACHE_KEYWORDS[kind]: cache, "kvbench_cache": cache}
+
+
+_CACHE_KEYWORDS: dict[type, str] = {}
+"""The cache keyword per model class, read once from its forward's signature."""
 
 
 def make_cache(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.adapters.hf.cache import make_cache
+from kvbench.adapters.hf.cache import cache_argument, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.calibration import QueryStats
 from kvbench.core.rope import unrotate
@@ -52,8 +52,7 @@ def calibrate(
         loaded.model(
             input_ids=piece,
             position_ids=positions,
-            cache=cache,
-            kvbench_cache=cache,
+            **cache_argument(loaded.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

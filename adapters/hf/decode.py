@@ -21,7 +21,7 @@ from transformers.generation.logits_process import (
 )
 
 from kvbench.adapters.base import GREEDY, Generation, Sample, Sampling, before_stop
-from kvbench.adapters.hf.cache import EvictingCache, make_cache
+from kvbench.adapters.hf.cache import EvictingCache, cache_argument, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
 from kvbench.core.schedule import Schedule
@@ -178,8 +178,7 @@ def _prefill(
     logits = model(
         input_ids=prompt,
         position_ids=torch.arange(len(prompt_ids), device=device)[None],
-        cache=cache,
-        kvbench_cache=cache,
+        **cache_argument(model, cache),
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
@@ -194,8 +193,7 @@ def _decode_step(model: Any, cache: EvictingCache, tokens: Tensor) -> Tensor:
     logits = model(
         input_ids=tokens[:, None],
         position_ids=position,
-        cache=cache,
-        kvbench_cache=cache,
+        **cache_argument(model, cache),
         use_cache=True,
     ).logits[:, -1]
     cache.evict_if_due()

@@ -9,14 +9,14 @@ precision) runs in lockstep, for KL(full ‖ policy) and top-1 agreement per tok
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from kvbench.adapters.base import TeacherForced, Watch
-from kvbench.adapters.hf.cache import EvictingCache, make_cache
+from kvbench.adapters.hf.cache import EvictingCache, cache_argument, make_cache
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import Policy
 from kvbench.core.engine import PinnedSlots
@@ -38,8 +38,7 @@ class _Stream:
         logits = self.loaded.model(
             input_ids=tokens,
             position_ids=positions,
-            cache=self.cache,
-            kvbench_cache=self.cache,
+            **cache_argument(self.loaded.model, self.cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         ).logits
@@ -61,11 +60,13 @@ def teacher_force(
     refuse_capped_prompt: bool = False,
     pinned: PinnedSlots | None = None,
     watch: Watch | None = None,
+    on_step: Callable[[EvictingCache], None] | None = None,
 ) -> TeacherForced:
     """Score ``continuation_ids`` after ``prompt_ids`` for each row seed (rows differ in eviction draws).
 
     ``chunk`` caps the tokens per forward (default B; 1 is token-by-token decoding). With ``watch``, a
     chunk also ends where the watched moment begins, and the survival of its positions is read there.
+    ``on_step`` sees the policy's cache after every forward's eviction check (as decoding's ``on_step``).
     """
     device = loaded.device
     k, total = len(row_seeds), len(prompt_ids) + len(continuation_ids)
@@ -102,6 +103,8 @@ def teacher_force(
         predictions.append([last])
 
     policy_cache = streams[0].cache
+    if on_step is not None:
+        on_step(policy_cache)
     survival: tuple[Tensor | None, Tensor | None] = (None, None)
     survival = survival_of(policy_cache, watch) if watch is not None and watch.at == 0 else survival
     fed, limit = 0, chunk or schedule.buffer
@@ -114,6 +117,8 @@ def teacher_force(
         for stream, outputs in zip(streams, predictions, strict=True):
             outputs.append(stream.feed(tokens))
             stream.cache.evict_if_due()
+        if on_step is not None:
+            on_step(policy_cache)
         fed += size
         if watch is not None and fed == watch.at:
             survival = survival_of(policy_cache, watch)

@@ -1,14 +1,19 @@
 """``kvbench bench evict``: the cost of one eviction event per policy, at paper shapes, side by side.
 
-One layer of Hkv KV heads and Hq query heads of dim D holds K + B slots (the moment an event fires);
-each policy scores the K candidates and the engine keeps K − B of them plus the buffer. Every policy
-runs on the same tensors in the same process; times are medians of torch.utils.benchmark and are
-reported with their ratio to ``random`` (the cheapest sensible policy: one draw, one top-k, one gather).
+``layers`` layers of Hkv KV heads and Hq query heads of dim D hold K + B slots each (the moment an event
+fires); each policy scores the K candidates and the engine keeps K − B of them plus the buffer. Every
+policy runs on the same tensors in the same process; times are medians (torch.utils.benchmark on the CPU,
+CUDA events around each event on a GPU) and are reported with their ratio to ``random`` (the cheapest
+sensible policy: one draw, one top-k, one gather) and beside the copy floor: the bytes the compaction
+must read and write, over the device's copy bandwidth measured here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,16 +35,52 @@ class EvictTiming:
     ms_per_event: float
     ratio_to_random: float
     runs: int
+    layers: int = 1
+    bytes_moved: int = 0
+    """Bytes one event must read and write at least: the K kept slots' keys, values and positions."""
+    copy_floor_ms: float = 0.0
+    """``bytes_moved`` over the device's measured copy bandwidth: no eviction of K slots is faster."""
 
 
-def _layer(batch: int, model: ModelFacts, slots: int, dtype: torch.dtype, gen: torch.Generator) -> LayerKV:
+def _layer(
+    batch: int, model: ModelFacts, slots: int, dtype: torch.dtype, gen: torch.Generator, device: torch.device
+) -> LayerKV:
     shape = (batch, model.num_kv_heads, slots, model.head_dim)
-    positions = torch.arange(slots).expand(batch, model.num_kv_heads, slots).contiguous()
-    keys = apply_rope(torch.randn(shape, generator=gen), positions, model.rope_inv_freq).to(dtype)
-    layer = LayerKV(keys, torch.randn(shape, generator=gen).to(dtype), positions)
+    inv_freq = model.rope_inv_freq.to(device) if model.rope_inv_freq is not None else None
+    positions = torch.arange(slots, device=device).expand(batch, model.num_kv_heads, slots).contiguous()
+    keys = apply_rope(torch.randn(shape, generator=gen, device=device), positions, inv_freq).to(dtype)
+    layer = LayerKV(keys, torch.randn(shape, generator=gen, device=device).to(dtype), positions)
     # H2O's accumulator, as if it had been observing all along
-    layer.state.register_slot("acc", torch.rand(shape[:3], generator=gen), fill=0.0)
+    layer.state.register_slot("acc", torch.rand(shape[:3], generator=gen, device=device), fill=0.0)
     return layer
+
+
+def median_ms(call: Callable[[], object], device: torch.device, min_run_time: float) -> tuple[float, int]:
+    """The median milliseconds of ``call`` and how many runs it took: torch.utils.benchmark on the CPU;
+    on a GPU, CUDA events around each call (its kernels, not their launch), after one warm-up call."""
+    if device.type != "cuda":
+        measurement = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=min_run_time)
+        return measurement.median * 1e3, len(measurement.times)
+    call()
+    torch.cuda.synchronize(device)
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < 5 or time.perf_counter() - started < min_run_time:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times), len(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, min_run_time: float = 0.2) -> float:
+    """Bytes per second one device-to-device copy of ``nbytes`` reads and writes (2 × nbytes per copy)."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    ms, _ = median_ms(lambda: target.copy_(source), device, min_run_time)
+    return 2 * nbytes / (ms / 1e3)
 
 
 def bench_evict(
@@ -55,9 +96,16 @@ def bench_evict(
     dtype: torch.dtype = torch.float32,
     min_run_time: float = 1.0,
     isolated: Sequence[str] = (),
+    layers: int = 1,
+    device: str = "cpu",
+    bandwidth_bytes: int = 1 << 28,
 ) -> list[EvictTiming]:
     """``isolated`` scorer files (FILE.py:Class) are timed twice: in this process and in their own process
-    behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event."""
+    behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event.
+
+    One event evicts ``layers`` layers (the same tensors each time: a layer's slots outgrow the GPU's
+    cache, so nothing is read warm); the copy bandwidth is measured on a copy of ``bandwidth_bytes``."""
+    where = torch.device(device)
     names = [n for n in (policies or ([] if isolated else known_policies())) if make_policy(n).evicts]
     if "random" not in names:
         names = ["random", *names]
@@ -67,20 +115,27 @@ def bench_evict(
 
         apart = isolate(text)
         arms += [(f"{apart.name} (in process)", make_policy(text)), (f"{apart.name} (isolated)", apart)]
-    model = ModelFacts("bench", 1, q_heads, kv_heads, head_dim, rope_inv_freq=rope_inv_freq(head_dim).float())
+    inv_freq = rope_inv_freq(head_dim).float()
+    model = ModelFacts("bench", layers, q_heads, kv_heads, head_dim, rope_inv_freq=inv_freq)
     schedule = Schedule(budget=budget, buffer=buffer, protection="prompt")
     gen = torch.Generator().manual_seed(0)
     calibration = QueryStats.from_queries(
-        "bench", "random", [torch.randn(q_heads, 256, head_dim, generator=gen)]
+        "bench", "random", [torch.randn(q_heads, 256, head_dim, generator=gen) for _ in range(layers)]
     )
+    on_device = torch.Generator(device=where).manual_seed(0)
+    bandwidth = copy_bandwidth(where, bandwidth_bytes)
+    element = torch.empty((), dtype=dtype).element_size()
     results: list[EvictTiming] = []
     for batch in batches:
-        layer = _layer(batch, model, budget + buffer, dtype, gen)
+        layer = _layer(batch, model, budget + buffer, dtype, on_device, where)
+        query_positions = torch.arange(budget, budget + buffer, device=where).expand(batch, q_heads, buffer)
         queries = apply_rope(
-            torch.randn(batch, q_heads, buffer, head_dim, generator=gen),
-            torch.arange(budget, budget + buffer).expand(batch, q_heads, buffer),
-            model.rope_inv_freq,
+            torch.randn(batch, q_heads, buffer, head_dim, generator=on_device, device=where),
+            query_positions,
+            inv_freq.to(where),
         ).to(dtype)
+        # the K kept slots' keys and values (and int64 positions), read once and written once, per layer
+        moved = 2 * layers * batch * kv_heads * budget * (2 * head_dim * element + 8)
         times: dict[str, tuple[float, int]] = {}
         for name, policy in arms:
             evictor = Evictor(
@@ -91,12 +146,13 @@ def bench_evict(
                 row_seeds=range(batch),
                 calibration=calibration,
             )
-            timer = Timer(
-                "evictor.evict([layer], step=step, queries=[queries])",
-                globals={"evictor": evictor, "layer": layer, "step": budget + buffer, "queries": queries},
+            event = functools.partial(
+                evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
             )
-            measurement = timer.blocked_autorange(min_run_time=min_run_time)
-            times[name] = (measurement.median * 1e3, len(measurement.times))
+            times[name] = median_ms(event, where, min_run_time)
         base = times["random"][0]
-        results += [EvictTiming(n, batch, ms, ms / base, runs) for n, (ms, runs) in times.items()]
+        results += [
+            EvictTiming(n, batch, ms, ms / base, runs, layers, moved, moved / bandwidth * 1e3)
+            for n, (ms, runs) in times.items()
+        ]
     return results

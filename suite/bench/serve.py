@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbench.adapters.base import GREEDY
+from kvbench.bench.decode import refuse_without_eviction
 from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
 
@@ -43,6 +44,10 @@ class ServeTiming:
     move_ms_per_event: float
     eviction_share: float
     """Share of the memory-bound run's wall time spent in eviction events."""
+    batching: str = "iso-memory"
+    """Every arm gets the same KV pool (``pool_blocks``), so each runs as many requests as it fits."""
+    memory_bound: bool = False
+    """The pool held fewer requests at once than were submitted: more memory would run more."""
     speed_vs_full: float = 0.0
     tpot_vs_full: float = 0.0
     concurrency_vs_full: float = 0.0
@@ -71,6 +76,7 @@ def bench_serve(
     block_bytes = BLOCK_SIZE * 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * element
     prompt = loaded.prompt_ids(PROMPT)
     schedule = Schedule(budget=budget, buffer=buffer)
+    refuse_without_eviction(schedule, len(prompt), output_len, "--output-len")
     names = ["full", *[p for p in policies if p != "full"]]
     rows = []
     for name in names:
@@ -109,6 +115,7 @@ def bench_serve(
                 select_ms_per_event=stats.get("select", 0.0) / max(events, 1) * 1e3,
                 move_ms_per_event=stats.get("move", 0.0) / max(events, 1) * 1e3,
                 eviction_share=crowd.eviction_seconds / wall,
+                memory_bound=engine["peak_running"] < requests,
                 extra={"block_size": BLOCK_SIZE, "block_bytes": block_bytes, "prompt_tokens": len(prompt)},
             )
         )

@@ -22,6 +22,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     evict.add_argument("--budget", type=int, default=2048)
     evict.add_argument("--buffer", type=int, default=64)
     evict.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    evict.add_argument("--layers", type=int, default=1, help="layers evicted per event (a whole model's)")
+    evict.add_argument("--device", default="cpu", help="cpu, or cuda (timed with CUDA events)")
     evict.add_argument("--min-time", type=float, default=1.0, help="seconds of timing per policy and batch")
     evict.add_argument(
         "--isolated",
@@ -34,11 +36,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     evict.set_defaults(func=bench_evict_command)
 
     decode = kinds.add_parser("decode", help="decode tokens/s and KV memory per policy in a real model")
+    decode.epilog = (
+        "`make gpu-check` runs it on a GPU at a fixed batch and at iso-memory (runs/gpu-check/README.md)"
+    )
     decode.add_argument("--model", default="smollm2-135m")
     decode.add_argument("--policy", action="append", help="policy to run besides full (repeatable)")
     decode.add_argument("--tokens", type=int, default=4096, help="generated tokens per policy (EOS ignored)")
     decode.add_argument("--budget", type=int, default=512)
     decode.add_argument("--buffer", type=int, default=64)
+    decode.add_argument(
+        "--batch", type=int, default=1, help="rows decoded at once, the same for every policy"
+    )
+    decode.add_argument("--prompt-tokens", type=int, help="cut or repeat the prompt to this many tokens")
+    decode.add_argument("--device", default="cpu", help="cpu or cuda")
     decode.add_argument(
         "--precision",
         action="append",
@@ -133,15 +143,23 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         min_run_time=args.min_time,
         isolated=args.isolated,
+        layers=args.layers,
+        device=args.device,
     )
     table = Table(
-        title=f"one eviction event per layer: Hkv=8 Hq=32 D=128 K={args.budget} B={args.buffer} {args.dtype}"
+        title=f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
+        f"B={args.buffer} {args.dtype} on {args.device}"
     )
-    for column in ("policy", "batch", "ms / event", "× random", "runs"):
+    for column in ("policy", "batch", "ms / event", "× random", "copy floor ms", "runs"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
         table.add_row(
-            r.policy, str(r.batch), f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}", str(r.runs)
+            r.policy,
+            str(r.batch),
+            f"{r.ms_per_event:.2f}",
+            f"{r.ratio_to_random:.2f}",
+            f"{r.copy_floor_ms:.3f}",
+            str(r.runs),
         )
     machine = describe_machine()
     console.print(table)
@@ -186,19 +204,16 @@ def bench_decode_command(args: argparse.Namespace) -> int:
         budget=args.budget,
         buffer=args.buffer,
         precisions=precisions,
+        batch=args.batch,
+        prompt_tokens=args.prompt_tokens,
+        device=args.device,
     )
-    table = Table(title=f"{args.model}: {args.tokens} generated tokens, K={args.budget}, B={args.buffer}")
-    columns = (
-        "policy",
-        "K held",
-        "tokens/s",
-        "× full",
-        "events",
-        "ms / event",
-        "time evicting",
-        "peak KV",
-        "KV × full",
+    table = Table(
+        title=f"{args.model} on {args.device}: {args.tokens} generated tokens per row, batch {args.batch} "
+        f"for every policy (fixed-batch, not memory-bound), K={args.budget}, B={args.buffer}"
     )
+    columns = ("policy", "K held", "tokens/s", "× full", "events", "ms / event", "barrier stall ms",
+               "time evicting", "peak KV", "KV × full", "freed / seq")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
@@ -209,16 +224,21 @@ def bench_decode_command(args: argparse.Namespace) -> int:
             f"{r.speed_vs_full:.2f}",
             str(r.eviction_events),
             f"{r.ms_per_event:.1f}",
+            f"{r.barrier_stall_ms:.1f}",
             f"{r.eviction_share:.1%}",
             mib(r.peak_kv_bytes),
             f"{r.memory_vs_full:.2f}",
+            mib(r.kv_bytes_freed_per_sequence),
         )
-    machine = describe_machine()
+    machine = describe_machine(args.device)
     console.print(table)
     console.print(_machine_line(machine))
     _save(args.json, machine, results)
     if args.out:
-        settings = {"model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer}
+        settings = {
+            "model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer,
+            "batch": args.batch, "device": args.device, "batching": "fixed-batch",
+        }  # fmt: skip
         console.print(f"recorded in {_record(args.out, settings, machine, results)}")
     return 0
 
@@ -240,15 +260,18 @@ def bench_serve_command(args: argparse.Namespace) -> int:
     )
     table = Table(
         title=f"{args.model} on vLLM: {args.requests} requests × {args.output_len} tokens into "
-        f"{args.pool_blocks} blocks, K={args.budget}, B={args.buffer}"
+        f"{args.pool_blocks} blocks (iso-memory: the same pool for every arm), "
+        f"K={args.budget}, B={args.buffer}"
     )
-    columns = ("policy", "out tok/s", "× full", "req/s", "peak running", "× full", "peak blocks", "preempt",
-               "TPOT ms", "× full", "events", "select ms/ev", "move ms/ev", "time evicting")  # fmt: skip
+    columns = ("policy", "memory", "out tok/s", "× full", "req/s", "peak running", "× full",
+               "peak blocks", "preempt", "TPOT ms", "× full", "events", "select ms/ev", "move ms/ev",
+               "time evicting")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
         table.add_row(
             r.policy,
+            "memory-bound" if r.memory_bound else "not memory-bound",
             f"{r.output_tokens_per_second:.1f}",
             f"{r.speed_vs_full:.2f}",
             f"{r.requests_per_second:.3f}",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvbench.bench.decode import bench_decode
+from kvbench.errors import BudgetError
 
 MIXED = Path(__file__).parents[1] / "fixtures" / "protocols" / "mixed-4bit-g8.yaml"
 
@@ -30,3 +33,15 @@ def test_mixed_precision_rows_hold_more_tokens_in_the_memory_of_eviction_alone()
     # without eviction, quantization alone: all but the newest 16 to 32 (and N_hp) tokens packed
     assert rows["full @ mixed-4bit-g8"].peak_kv_bytes < rows["full"].peak_kv_bytes / 2
     assert all(r.tokens_per_second > 0 for r in rows.values())
+
+
+def test_outputs_too_short_to_reach_an_event_are_refused_at_the_boundary() -> None:
+    # a 20-token prompt under K=32, B=8 first evicts when the cache holds 40 slots: 20 generated tokens
+    # feed 19 back, one short; 21 reach it
+    with pytest.raises(BudgetError, match=r"--tokens 20 .* raise --tokens to at least 21"):
+        bench_decode("tiny-qwen3", ["random"], tokens=20, budget=32, buffer=8, prompt_tokens=20)
+    (full, random) = bench_decode("tiny-qwen3", ["random"], tokens=21, budget=32, buffer=8, prompt_tokens=20)
+    assert (full.eviction_events, random.eviction_events) == (0, 1)
+    assert random.batching == "fixed-batch" and not random.memory_bound
+    assert random.prompt_tokens == 20
+    assert random.kv_bytes_freed_per_sequence == 0  # both peak at K + B = 40 slots before the one event
