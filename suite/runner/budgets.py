@@ -129,7 +129,8 @@ def check_measurable(cells: Sequence[Cell], out: Path) -> None:
 
 def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str]]) -> list[Cell]:
     """The cells in their order, every pending one settled: from the stored measurement, else measured now
-    on its full arm (among ``cells``, and run) and stored."""
+    on its full arm (among ``cells``, and run, over its problems in ``problem_ids``: run id -> ids) and
+    stored."""
     by_id = {c.run_id: c for c in cells}
     settled = []
     for cell in cells:
@@ -140,7 +141,7 @@ def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str
         measurement = stored_measurement(out, pending.key)
         if measurement is None:
             reference = by_id[pending.reference_run]
-            fresh = measure(out, reference, problem_ids[reference.task.name])
+            fresh = measure(out, reference, problem_ids[reference.run_id])
             measurement = _write_once(measurement_path(out, pending.key), fresh)
         settled.append(settle(cell, measurement))
     return settled

@@ -70,14 +70,15 @@ class Replica:
         return self.problems[key]
 
     def prepare(self, cells: Sequence[Cell]) -> dict[str, list[str]]:
-        """Each task's problem ids, after refusing, before anything runs, a cell whose budget cannot protect
-        its prompts (a pending budget is checked once settled)."""
-        problems = {c.task.name: list(self._problems(c).values()) for c in cells}
+        """Each cell's problem ids by run id (cells of one task may differ in limit or data), after refusing,
+        before anything runs, a cell whose budget cannot protect its prompts (a pending budget is checked
+        once settled)."""
+        problems = {c.run_id: list(self._problems(c).values()) for c in cells}
         for cell in cells:
             if cell.pending is not None or not cell.policy.evicts:
                 continue
             schedule = cell.schedule()
-            longest = max(prompt_length(p, self.backend) for p in problems[cell.task.name])
+            longest = max(prompt_length(p, self.backend) for p in problems[cell.run_id])
             prefix = schedule.protected_prefix(longest)
             if prefix.capped:
                 raise BudgetError(

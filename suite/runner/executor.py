@@ -45,7 +45,7 @@ class UnitResult:
 @dataclass(frozen=True)
 class Prepared:
     problems: dict[str, list[str]]
-    """Each task's problem ids, in order."""
+    """Each cell's problem ids in order, by run id: two cells of one task may differ in limit or data."""
     provenance: dict[str, Any]
     """What a manifest records of the machine and executor."""
     load_seconds: float = 0.0

@@ -100,8 +100,8 @@ class _Run:
             as_ran = settle_all(cells, self.out, prepared.problems)
             settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
             if settled:
-                self.executor.prepare(settled)  # the settled budgets against the prompts
-                failures += self._units(settled, prepared, *shown)
+                # the settled budgets against the prompts; settled cells have their own run ids
+                failures += self._units(settled, self.executor.prepare(settled), *shown)
         if failures:
             raise KvbenchError(
                 f"{len(failures)} unit(s) failed; the stored ones are kept and a rerun computes only what is "
@@ -111,7 +111,7 @@ class _Run:
 
     def _chosen(self, cell: Cell, prepared: Prepared) -> list[str]:
         chosen = self.only.get(cell.run_id)
-        return [p for p in prepared.problems[cell.task.name] if chosen is None or p in chosen]
+        return [p for p in prepared.problems[cell.run_id] if chosen is None or p in chosen]
 
     def _units(self, cells: list[Cell], prepared: Prepared, bar: Progress, task: TaskID) -> list[str]:
         """Every chosen unit of ``cells`` not stored yet, run and stored; returns the failed ones."""

@@ -5,6 +5,7 @@ as the local executor, on a suite whose budgets wait for the full arm's measured
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class InTurnsExecutor:
             self.replica.close()
 
 
-def _cells(tmp_path: Path) -> list[Cell]:
+def _cells(tmp_path: Path, limit: int = 2, budget: int | None = None) -> list[Cell]:
     protocol = tmp_path / "b8.yaml"
     protocol.write_text(PROTOCOL.replace("name: sink-only", "name: b8").replace("buffer: 64", "buffer: 8"))
     request = RunRequest(
@@ -60,7 +61,8 @@ def _cells(tmp_path: Path) -> list[Cell]:
         policies=("h2o",),
         protocol=str(protocol),
         samples=2,
-        limit=2,
+        limit=limit,
+        budget=budget,
         max_new_tokens=GENERATED,
         adapter="toy",
         attention="toy",
@@ -121,3 +123,25 @@ def test_an_executor_that_only_runs_units_gets_the_settled_budgets_and_shards(
     again = run_cells(cells, tmp_path / "other", InTurnsExecutor(), progress=False)
     assert again.timings.reused == 6 and again.timings.computed == 0
     assert [c.run_id for c in again.cells] == [c.run_id for c in local.cells]
+
+
+def test_cells_of_one_task_at_two_limits_each_run_their_own_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One call with a task's cells at limit 1 and at limit 2 (as `kvbench verify` makes for a bundle that
+    holds both): each cell runs its own problems, and a chosen problem beyond the smaller limit runs."""
+    monkeypatch.setitem(adapters._REGISTERED, "toy", ToyAdapter)
+    two, one = _cells(tmp_path, limit=2, budget=32), _cells(tmp_path, limit=1, budget=32)
+    run_cells([*two, *one], tmp_path / "all", progress=False)
+    held = Counter(run for run, _ in _shards(tmp_path / "all"))
+    assert held == {**{c.run_id: 2 for c in two}, **{c.run_id: 1 for c in one}}
+
+    policy = next(c for c in two if c.role == "policy")
+    second = sorted(name for run, name in _shards(tmp_path / "all") if run == policy.run_id)[-1]
+    problem = next(
+        p for p in pq.read_table(tmp_path / "all" / "shards" / policy.run_id / second).column("problem_id")
+    ).as_py()
+    chosen = run_cells([*two, *one], tmp_path / "only", progress=False, only={policy.run_id: [problem]})
+    # the chosen problem, and every problem of the cells `only` does not name
+    assert chosen.timings.computed == 1 + 2 * (len(two) - 1) + len(one)
+    assert (tmp_path / "only" / "shards" / policy.run_id / second).is_file()
