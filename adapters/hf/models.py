@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,20 +199,51 @@ def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # another process finished first; its copy is identical
 
 
+def _hub_reachable(seconds: float = 3.0) -> bool:
+    """Whether the hub's endpoint answers a TCP connection at all: when it does not, the hub client would
+    spend about 40 s retrying before it fails the same way."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=seconds).close()
+    except OSError:
+        return False
+    return True
+
+
 def _from_hub(spec: ModelSpec, source: HubCheckpoint, dtype: torch.dtype) -> tuple[Any, Any, dict[str, str]]:
     local = Path(source.repo).expanduser()
-    where = {"pretrained_model_name_or_path": str(local) if local.is_dir() else source.repo}
+    where: dict[str, Any] = {"pretrained_model_name_or_path": str(local) if local.is_dir() else source.repo}
     if not local.is_dir():
         where["revision"] = source.revision
+
+    def load(**extra: Any) -> tuple[Any, Any]:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(**where, **extra)
+        return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(**where, **extra, dtype=dtype)
+
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
-        model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
-    except OSError as exc:
-        raise PrerequisiteError(
-            f"model {spec.name!r} ({source.repo} at revision {source.revision}) is not available offline: "
-            f"it is not in the local Hugging Face cache and the hub is out of reach ({type(exc).__name__}). "
-            f"On a machine with network: huggingface-cli download {source.repo} --revision {source.revision}"
-        ) from None
+        tokenizer, model = load(local_files_only=True)  # the local cache first: no network at all
+    except OSError as cached:
+        if local.is_dir() or not _hub_reachable():
+            raise PrerequisiteError(
+                f"model {spec.name!r} ({source.repo} at revision {source.revision}) is not available "
+                f"offline: it is not in the local Hugging Face cache and the hub is out of reach "
+                f"({type(cached).__name__}). On a machine with network: "
+                f"hf download {source.repo} --revision {source.revision}"
+            ) from None
+        try:
+            tokenizer, model = load()
+        except OSError as exc:
+            raise PrerequisiteError(
+                f"model {spec.name!r} ({source.repo} at revision {source.revision}) could not be downloaded "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Check the name "
+                f"and revision, and for a gated model log in with `hf auth login`"
+            ) from None
     return (
         model,
         tokenizer,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
@@ -91,6 +92,15 @@ def test_generate_refuses_bad_input_clearly() -> None:
     assert unknown.returncode == 2 and "Known models:" in unknown.stderr and "smollm2-135m" in unknown.stderr
     offline = kvbench("generate", "--model", "qwen3-4b", "--budget", "128", "hi", HF_HUB_OFFLINE="1")
     assert offline.returncode == 2 and "not available offline" in offline.stderr
-    hint = "huggingface-cli download Qwen/Qwen3-4B --revision 1cfa9a7208912126459214e8b04321603b3df60c"
-    assert hint in offline.stderr  # the real hub path (HF_HUB_OFFLINE only skips its ~45 s of retries)
-    assert "Traceback" not in offline.stderr
+    hint = "hf download Qwen/Qwen3-4B --revision 1cfa9a7208912126459214e8b04321603b3df60c"
+    assert hint in offline.stderr and "Traceback" not in offline.stderr
+
+
+def test_an_unreachable_hub_fails_fast_with_the_download_command() -> None:
+    """No HF_HUB_OFFLINE: the hub's endpoint does not answer (a closed local port stands for a machine
+    without network), so the load fails at once instead of retrying for about 40 s."""
+    started = time.perf_counter()
+    hub = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}  # CI sets HF_HUB_OFFLINE=1
+    offline = kvbench("generate", "--model", "qwen3-4b", "--budget", "128", "hi", **hub)
+    assert offline.returncode == 2 and "hf download Qwen/Qwen3-4B" in offline.stderr, offline.stderr
+    assert time.perf_counter() - started < 25  # the command's own start-up (torch, transformers) included
