@@ -247,3 +247,20 @@ def test_a_read_only_results_folder_fails_before_the_run(tmp_path: Path) -> None
     assert err.startswith(f"kvbench: --out {mount}/runs: cannot write in {mount} "), err
     assert "Read-only file system" in err and "give a path you can write to" in err
     assert out == ""  # no table: it stopped before running
+
+
+def test_threads_are_set_for_the_run_and_recorded(tmp_path: Path) -> None:
+    args = ["run", "--model", "tiny-qwen3", "--task", "passkey", "--policy", "snapkv", "--budget", "256"]
+    result = subprocess.run(  # torch would take 2 threads from the environment: --threads wins
+        [KVBENCH, *args, "--limit", "1", "--no-baselines", "--quiet", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    assert result.returncode == 0, result.stderr
+    (manifest,) = (tmp_path / "runs" / "shards").glob("*/manifest.json")
+    assert json.loads(manifest.read_text())["hardware"]["torch_threads"] == 1
+    refused = kvbench(*args, "--threads", "0", cwd=tmp_path)
+    assert refused.returncode == 2 and "--threads 0: give at least 1" in refused.stderr

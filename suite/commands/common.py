@@ -70,3 +70,26 @@ def schedule_from(args: argparse.Namespace) -> Schedule:
 
 def mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch's CPU threads (default: torch's, one per core). On a machine busy with other work, "
+        "--threads 1 can be several times faster; the count is recorded with the results",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """Set torch's intra-op threads before any model loads. Float reductions depend on the count, so it is
+    recorded in every run's provenance (``torch_threads``) and `kvbench check` compares it."""
+    if threads is None:
+        return
+    if threads < 1:
+        from kvbench.errors import SpecError
+
+        raise SpecError(f"--threads {threads}: give at least 1")
+    import torch
+
+    torch.set_num_threads(threads)

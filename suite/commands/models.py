@@ -7,7 +7,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import add_schedule_arguments, console, mib, schedule_from
+from kvbench.commands.common import (
+    add_schedule_arguments,
+    add_threads_argument,
+    console,
+    mib,
+    schedule_from,
+    use_threads,
+)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -30,6 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--adapter", default="hf", help="backend, by name (hf: transformers; vllm: a vLLM engine)"
     )
     gen.add_argument("--device", default="cpu")
+    add_threads_argument(gen)
     gen.set_defaults(func=generate_command)
 
     cal = commands.add_parser("calibrate", help="query statistics for triattention, keyed by model")
@@ -57,6 +65,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from kvbench.registry import make_policy
     from kvbench.specs.model import load_model_spec
 
+    use_threads(args.threads)
     policy = make_policy(args.policy)
     schedule = schedule_from(args)
     spec = load_model_spec(args.model)

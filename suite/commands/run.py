@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from kvbench.commands.common import console, output_file, output_folder
+from kvbench.commands.common import add_threads_argument, console, output_file, output_folder, use_threads
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    run = commands.add_parser("run", help="run a suite: policies against the Random Attention null and full")
+    run = commands.add_parser(
+        "run", help="run a suite: policies against the Random Attention null and the full cache"
+    )
     run.add_argument("--policy", action="append", default=[], help="policy under test (repeatable)")
     run.add_argument("--protocol", help="protocol name or YAML path (default: the suite's)")
     run.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
@@ -93,6 +95,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="shared",
         help="Ray: replicas write shards into --out, which every node reaches (shared), or return rows",
     )
+    add_threads_argument(run)
     run.add_argument("--json", type=Path, help="also write the final table to this file")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=run_command)
@@ -189,6 +192,11 @@ def run_command(args: argparse.Namespace) -> int:
     from kvbench.store.ingest import ingest
 
     output_folder(args.out, "--out")  # before any work: a folder that cannot take the results fails now
+    if args.threads is not None and args.executor == "ray":
+        from kvbench.errors import SpecError
+
+        raise SpecError("--threads sets this process's threads; a Ray replica's are --ray-cpus-per-worker")
+    use_threads(args.threads)
     if args.json:
         output_file(args.json, "--json")
     started = time.perf_counter()
