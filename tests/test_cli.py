@@ -264,3 +264,19 @@ def test_threads_are_set_for_the_run_and_recorded(tmp_path: Path) -> None:
     assert json.loads(manifest.read_text())["hardware"]["torch_threads"] == 1
     refused = kvbench(*args, "--threads", "0", cwd=tmp_path)
     assert refused.returncode == 2 and "--threads 0: give at least 1" in refused.stderr
+
+
+def test_piped_output_gets_one_line_per_finished_unit(tmp_path: Path) -> None:
+    """Without a terminal there is no live bar to see: each unit that finishes prints a line with the
+    count, the unit, its time, the elapsed time and an ETA, so a log shows progress."""
+    import re
+
+    args = ["run", "--model", "tiny-qwen3", "--task", "passkey", "--policy", "snapkv", "--budget", "256"]
+    result = kvbench(*args, "--limit", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    pattern = r"^\[(\d)/6\] tiny-qwen3/passkey/(\S+) (\S+): [\d.]+ s; elapsed \d:\d\d:\d\d, ETA \d:\d\d:\d\d$"
+    lines = [m.groups() for m in re.finditer(pattern, result.stdout, flags=re.M)]
+    assert sorted(int(done) for done, _, _ in lines) == [1, 2, 3, 4, 5, 6]
+    assert {arm.split("@")[0] for _, arm, _ in lines} == {"snapkv", "random", "full"}
+    again = kvbench(*args, "--limit", "2", cwd=tmp_path)  # everything stored: nothing to report per unit
+    assert again.returncode == 0 and not re.search(pattern, again.stdout, flags=re.M)

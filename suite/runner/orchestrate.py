@@ -5,11 +5,22 @@ settled on its full arm's measured N_avg, checked and run; stored units are skip
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from kvbench.errors import KvbenchError
 from kvbench.registry import policy_documentation
@@ -87,13 +98,25 @@ class _Run:
     only: Mapping[str, Collection[str]]
     progress: bool
     timings: Timings = field(default_factory=Timings)
+    lines: bool = False
 
     def model(self, cells: list[Cell]) -> dict[str, Cell]:
         """One model's cells, ready ones first, then settled ones; planned run id -> the cell as it ran."""
         prepared = self.executor.prepare(cells)
         self.timings.model_load += prepared.load_seconds
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not self.progress, transient=True) as bar:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        # piped to a file, a live bar shows nothing for the whole run: one line per finished unit instead
+        self.lines = self.progress and not Console().is_terminal
+        # the ETA from the last hour's pace, not rich's 30 s: a reasoning problem can take minutes
+        shown_at_all = self.progress and not self.lines
+        with Progress(*columns, disable=not shown_at_all, transient=True, speed_estimate_period=3600) as bar:
             total = sum(len(self._chosen(c, prepared)) for c in cells)
             shown = (bar, bar.add_task(cells[0].model.name, total=total))
             failures = self._units([c for c in cells if c.pending is None], prepared, *shown)
@@ -125,9 +148,15 @@ class _Run:
                     bar.advance(task)
                 else:
                     units.append(Unit(cell, problem_id))
+        began, ran = time.perf_counter(), 0
         for result in self.executor.run(units, lambda text: bar.update(task, description=text)):
             cell, problem_id = result.unit.cell, result.unit.problem_id
             bar.advance(task)
+            ran += 1
+            if self.lines:  # the pace of this batch's units, wall clock: executors may run several at once
+                pace = (time.perf_counter() - began) / ran
+                line = _unit_line(bar.tasks[task], f"{cell.label} {problem_id}", result.seconds, pace)
+                print(line if result.error is None else f"{line} FAILED", flush=True)
             if result.error is not None:
                 failures.append(f"{cell.label} {problem_id}: {result.error}"[:500])
                 continue
@@ -138,3 +167,18 @@ class _Run:
             timings.eviction += result.eviction
             timings.calibration += result.calibration
         return failures
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _unit_line(progress: Task, unit: str, seconds: float, pace: float) -> str:
+    """``[done/total] unit: its seconds; elapsed, ETA`` for a log: what a bar shows on a terminal. The ETA
+    is the remaining units at ``pace`` seconds each."""
+    done, total = int(progress.completed), int(progress.total or 0)
+    eta = pace * (total - done)
+    return f"[{done}/{total}] {unit}: {seconds:.1f} s; elapsed {_clock(progress.elapsed)}, ETA {_clock(eta)}"
