@@ -285,3 +285,37 @@ def resolvable_difference(problems: int, alpha: float = 0.05, power: float = 0.8
         if binom.sf(critical - 1, problems, rate) >= power:
             return float(excess)
     return 0.5
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A/A comparisons (the null against itself at other seeds): how often each verdict came out."""
+
+    comparisons: int
+    verdicts: dict[str, int]
+    false_positive_rate: float
+    """The share called *beats* or *loses*: the sign test's real level, at most α if it holds."""
+    low: float
+    high: float
+    """Clopper-Pearson 95% interval of the false-positive rate."""
+    covered: float
+    """The share of paired 95% bootstrap intervals that contain 0 (nominally 95%)."""
+
+
+def calibration(comparisons: Sequence[PairedComparison], level: float = 0.95) -> Calibration:
+    """Tally of judged A/A comparisons (each its own family: Holm only lowers the rate)."""
+    from scipy.stats import binomtest
+
+    n = len(comparisons)
+    counts = {v: sum(c.verdict == v for c in comparisons) for v in Verdict.__args__}  # type: ignore[attr-defined]
+    false = counts["beats null"] + counts["loses to null"]
+    interval = binomtest(false, n).proportion_ci(level, method="exact") if n else None
+    covered = sum(c.difference.low <= 0 <= c.difference.high for c in comparisons)
+    return Calibration(
+        comparisons=n,
+        verdicts=counts,
+        false_positive_rate=false / n if n else math.nan,
+        low=interval.low if interval else math.nan,
+        high=interval.high if interval else math.nan,
+        covered=covered / n if n else math.nan,
+    )

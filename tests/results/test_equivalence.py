@@ -144,3 +144,23 @@ def test_four_problems_can_detect_nothing() -> None:
     assert minimum_detectable_effect(4, 0.5) == math.inf
     assert minimum_detectable_effect(4, 1.0) == math.inf  # 4 of 4 wins: p = 0.125
     assert math.isnan(minimum_detectable_effect(0, 0.5))
+
+
+def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
+    from scipy.stats import beta
+
+    from kvbench.results.stats import calibration
+
+    judged = [verdict(10, 0, 0)] + [verdict(1, 2, 1)] * 28 + [verdict(100, 200, 100)]  # 1 false of 30
+    result = calibration(judged)
+    assert result.verdicts == {
+        "beats null": 1,
+        "equivalent to null": 1,
+        "inconclusive": 28,
+        "loses to null": 0,
+    }
+    assert result.false_positive_rate == pytest.approx(1 / 30)
+    # Clopper-Pearson written out: beta quantiles at 2.5% and 97.5%
+    assert (result.low, result.high) == pytest.approx((beta.ppf(0.025, 1, 30), beta.ppf(0.975, 2, 29)), rel=1e-9)
+    covered = sum(j.difference.low <= 0 <= j.difference.high for j in judged) / 30
+    assert result.covered == covered and covered < 1  # the all-wins cell's interval misses 0
