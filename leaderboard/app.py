@@ -52,11 +52,11 @@ METHOD = (
     "shared problems, Holm-corrected across this table's policies at α = 0.05; *equivalent*: two one-sided "
     "t-tests put Δ inside ±margin (Holm-corrected too); *inconclusive*: neither, with the problems that "
     "would give the sign test 80% power to detect the margin. MDE: the smallest effect these problems "
-    "detect with 80% power. Tokens × full: mean generated tokens over the full cache's. K/N_avg: the budget over "
-    "the task's reference mean length; K held/N_avg, bytes/token, byte budget: the tokens the cache held "
-    "after each event, what one cost and what they cost together per sequence (a mixed-precision protocol "
-    "holds more tokens in the same bytes). *verified*: a maintainer re-ran a sample of the submission's "
-    "problems (`kvbench verify`); *local*: runs no submission holds."
+    "detect with 80% power. Tokens × full: mean generated tokens over the full cache's. K/N_avg: the "
+    "budget over the task's reference mean length; K held/N_avg, bytes/token, byte budget: the tokens "
+    "the cache held after each event, what one cost and what they cost together per sequence (a "
+    "mixed-precision protocol holds more tokens in the same bytes). *verified*: a maintainer re-ran a "
+    "sample of the submission's problems (`kvbench verify`); *local*: runs no submission holds."
 )
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     f.__name__: f

@@ -1,5 +1,5 @@
-"""``kvbench calibrate-null``: the null against itself (A/A) at other protocol seeds, to measure the verdicts' real
-error rates.
+"""``kvbench calibrate-null``: the null against itself (A/A) at other protocol seeds, to measure the
+verdicts' real error rates.
 
 The suite is planned as ``kvbench run`` plans it, once per protocol seed; only the null and the full cache
 (which the null's budget and the probes' scores need) are kept. A seed is part of a run's identity, so

@@ -276,7 +276,9 @@ def display_cells(row: dict) -> list[str]:
         _signed_interval(row, "delta", ".3f"),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
         verdict_text(row["verdict"], row["p_holm"], row["problems_needed"]),
-        "—" if row["margin"] is None else f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
+        "—"
+        if row["margin"] is None
+        else f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
         _number(row["delta_full"], "+.3f"),
     ]
 

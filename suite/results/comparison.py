@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import duckdb
 
@@ -170,7 +170,7 @@ def _tokens_per_correct(parts: Sequence[CellSummary]) -> float:
     return sum(p.mean_generated_tokens * p.samples for p in parts) / sum(c or 0 for c in correct)
 
 
-def _ratio_of_means(arm: Mapping[Hashable, float], other: Mapping[Hashable, float]) -> float:
+def _ratio_of_means(arm: Mapping[Any, float], other: Mapping[Any, float]) -> float:
     """Mean of ``arm`` over mean of ``other``, on the problems both have (NaN without any, or a 0)."""
     shared = set(arm) & set(other)
     below = sum(other[k] for k in shared)
@@ -236,7 +236,8 @@ def compare_table(
     tested = [a for a in arms if a != base and a[2] != Role.REFERENCE and nulls[a]]
     # the margin is the protocol's, which every run of a table shares (the table is keyed by protocol)
     family = [
-        compare_arms(pooled[a], scores(nulls[a]) or {}, arms[a][tasks[0]].spec.protocol.margin) for a in tested
+        compare_arms(pooled[a], scores(nulls[a]) or {}, arms[a][tasks[0]].spec.protocol.margin)
+        for a in tested
     ]
     tests = dict(zip(tested, holm_verdicts(family), strict=True))
     results = []

@@ -202,7 +202,9 @@ def minimum_detectable_effect(
     if discordance == 0 or sign_test_power(problems, discordance, discordance, alpha) < power:
         return math.inf
     return float(
-        brentq(lambda e: sign_test_power(problems, discordance, e, alpha) - power, 0.0, discordance, xtol=1e-6)
+        brentq(
+            lambda e: sign_test_power(problems, discordance, e, alpha) - power, 0.0, discordance, xtol=1e-6
+        )
     )
 
 

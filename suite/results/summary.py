@@ -67,8 +67,17 @@ def summarize(
     query = _QUERY.format(quantity=QUANTITIES[quantity])  # a column name from the table above, never input
     run_ids = list(dict.fromkeys(run_ids))
     parts: dict[str, dict] = {
-        r: {"scores": {}, "strict": {}, "tokens": {}, "cut": {}, "n": 0, "none": 0, "sum": 0, "truncated": 0,
-            "right": None}
+        r: {
+            "scores": {},
+            "strict": {},
+            "tokens": {},
+            "cut": {},
+            "n": 0,
+            "none": 0,
+            "sum": 0,
+            "truncated": 0,
+            "right": None,
+        }
         for r in run_ids
     }
     rows = con.execute(query, [run_ids]).fetchall()

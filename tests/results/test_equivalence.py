@@ -161,6 +161,8 @@ def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
     }
     assert result.false_positive_rate == pytest.approx(1 / 30)
     # Clopper-Pearson written out: beta quantiles at 2.5% and 97.5%
-    assert (result.low, result.high) == pytest.approx((beta.ppf(0.025, 1, 30), beta.ppf(0.975, 2, 29)), rel=1e-9)
+    assert (result.low, result.high) == pytest.approx(
+        (beta.ppf(0.025, 1, 30), beta.ppf(0.975, 2, 29)), rel=1e-9
+    )
     covered = sum(j.difference.low <= 0 <= j.difference.high for j in judged) / 30
     assert result.covered == covered and covered < 1  # the all-wins cell's interval misses 0

@@ -141,7 +141,8 @@ def independent_tokens(database: Path) -> dict[str, tuple[float, float, float, f
         WITH per AS (SELECT r.policy, s.problem_id, avg(s.generated_tokens) AS tokens,
                             avg((s.finish_reason = 'length')::INTEGER) AS cut
                      FROM samples s JOIN runs r USING (run_id) GROUP BY ALL),
-             cell AS (SELECT r.policy, sum(s.generated_tokens) / nullif(sum(s.correct::INTEGER), 0) AS per_correct
+             cell AS (SELECT r.policy,
+                             sum(s.generated_tokens) / nullif(sum(s.correct::INTEGER), 0) AS per_correct
                       FROM samples s JOIN runs r USING (run_id) GROUP BY ALL)
         SELECT a.policy, avg(a.tokens) / avg(f.tokens), any_value(c.per_correct),
                avg(a.tokens - n.tokens), avg(a.cut - n.cut), any_value(c.per_correct - cn.per_correct)
@@ -153,13 +154,19 @@ def independent_tokens(database: Path) -> dict[str, tuple[float, float, float, f
     ).fetchall()
     con.close()
     # no correct answer: no tokens per correct answer (NULL from SQL, NaN in the table)
-    return {policy: tuple(float('nan') if v is None else v for v in values) for policy, *values in rows}
+    return {policy: tuple(float("nan") if v is None else v for v in values) for policy, *values in rows}
 
 
 def test_compare_shows_what_compression_costs_in_tokens(store: Path) -> None:
     expected = independent_tokens(store)
     rows = {r["policy"]: r for r in compare(store, Filters())}
-    fields = ("lengthening", "tokens_per_correct", "delta_tokens", "delta_truncation", "delta_tokens_per_correct")
+    fields = (
+        "lengthening",
+        "tokens_per_correct",
+        "delta_tokens",
+        "delta_truncation",
+        "delta_tokens_per_correct",
+    )
     for policy, values in expected.items():
         assert tuple(rows[policy][f] for f in fields) == pytest.approx(values, rel=1e-9, nan_ok=True), policy
     assert len({v[0] for v in expected.values()}) == len(expected)  # the arms really differ
