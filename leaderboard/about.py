@@ -39,9 +39,17 @@ shows no evidence that its scores carry information about which tokens matter. T
 - **Δ vs null** pairs the two arms on the problems both ran (pooled tasks: on (task, problem) clusters):
   the mean paired difference with a paired bootstrap interval over problems.
 - The **verdict** is an exact two-sided sign test on the problems where the arms differ (wins against
-  losses), **Holm-corrected** across the policies of the table at α = 0.05: *beats null*, *ties* or
-  *loses*. Problems present in only one arm are left out and counted. With few problems no verdict is
-  possible: 4 problems give a smallest p of 0.125.
+  losses), **Holm-corrected** across the policies of the table at α = 0.05: *beats null* or *loses*.
+  Otherwise the policy is *equivalent* when two one-sided t-tests on the per-problem differences put
+  Δ inside the protocol's ±margin (Holm-corrected the same way), and *inconclusive* when neither
+  test decides: beside it, the problems that would give the sign test 80% power to detect the margin
+  at the observed share of differing problems. *MDE* is the smallest effect the table's problems
+  detect with 80% power ("none": 4 problems give a smallest p of 0.125, so none). Problems present in
+  only one arm are left out and counted.
+- **Tokens × full**, **tokens / correct**, **Δ tokens** and **Δ trunc vs null**: what compression costs
+  in generated tokens (a reasoning model that loses context thinks longer): mean generated tokens over
+  the full cache's on the same problems, generated tokens per correct answer, and the paired
+  differences of mean tokens and of the share stopped at the token cap to the null.
 - The *average* pools the tasks every arm of the table ran; where the table mixes tasks with a
   correct/incorrect verdict per sample (exact match, pass@1) and continuous metrics (fidelity's
   agreement with the full cache), each kind is also averaged on its own.

@@ -41,18 +41,22 @@ VIEWS = [
 ]
 BADGE_MARKDOWN = {
     "beats null": ":green-badge[beats null]",
-    "ties": ":gray-badge[ties]",
+    "equivalent": ":blue-badge[equivalent]",
+    "inconclusive": ":gray-badge[inconclusive]",
     "loses": ":red-badge[loses]",
 }
 MEMORY_COLUMNS = ("K held/N_avg", "bytes/token", "byte budget (MiB)")
 METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
     f"({DRAWS:,} draws). Δ vs null and the verdict: paired exact sign test against Random Attention on "
-    "shared problems, Holm-corrected across this table's policies at α = 0.05. K/N_avg: the budget over "
-    "the task's reference mean length; K held/N_avg, bytes/token, byte budget: the tokens the cache held "
-    "after each event, what one cost and what they cost together per sequence (a mixed-precision protocol "
-    "holds more tokens in the same bytes). *verified*: a maintainer re-ran a sample of the submission's "
-    "problems (`kvbench verify`); *local*: runs no submission holds."
+    "shared problems, Holm-corrected across this table's policies at α = 0.05; *equivalent*: two one-sided "
+    "t-tests put Δ inside ±margin (Holm-corrected too); *inconclusive*: neither, with the problems that "
+    "would give the sign test 80% power to detect the margin. MDE: the smallest effect these problems "
+    "detect with 80% power. Tokens × full: mean generated tokens over the full cache's. K/N_avg: the "
+    "budget over the task's reference mean length; K held/N_avg, bytes/token, byte budget: the tokens "
+    "the cache held after each event, what one cost and what they cost together per sequence (a "
+    "mixed-precision protocol holds more tokens in the same bytes). *verified*: a maintainer re-ran a "
+    "sample of the submission's problems (`kvbench verify`); *local*: runs no submission holds."
 )
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     f.__name__: f
@@ -257,6 +261,11 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
             "Δ vs null": number(format="%+.3f"),
             "Δ vs full": number(format="%+.3f"),
             "p (Holm)": number(format="%.3f"),
+            "margin": number(format="±%.3f"),
+            "tokens × full": number(format="%.2f"),
+            "tokens / correct": number(format="%.0f"),
+            "Δ tokens vs null": number(format="%+.0f"),
+            "Δ trunc vs null": number(format="%+.2f"),
             "K/N_avg": number(format="%.2f"),
             "K held/N_avg": number(format="%.2f"),
             "bytes/token": number(format="%.0f"),

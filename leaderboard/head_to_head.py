@@ -82,7 +82,8 @@ def head_to_head(
         groups |= {f"pooled, {k}": [t for t in common if kinds[t] == k] for k in (EXACT, CONTINUOUS)}
     for label, tasks in groups.items():
         if len(tasks) > 1:
-            paired = compare_arms(*(pool({t: scores[arm][t] for t in tasks}) for arm in (a, b)))
+            first, second = (pool({t: scores[arm][t] for t in tasks}) for arm in (a, b))
+            paired = compare_arms(first, second)
             mixed = " + ".join(sorted({kinds[t] for t in tasks}))
             rows.append(_row(f"{label} ({len(tasks)} tasks)", mixed, paired))
     notes = [

@@ -21,6 +21,7 @@ import pandas as pd
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
+from kvbench.results.compare import effect_text
 from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, most_complete, summarize
@@ -324,6 +325,14 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, MISSING)
     record["p (Holm)"] = test.p_adjusted if test else math.nan
     record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING
+    record["margin"] = test.margin if test else math.nan
+    record["MDE"] = effect_text(test.minimum_detectable) if test else MISSING
+    needed = test.problems_needed if test and test.verdict == "inconclusive" else None
+    record["problems for 80% power"] = needed if needed is not None else MISSING
+    record["tokens × full"] = arm.lengthening
+    record["tokens / correct"] = arm.tokens_per_correct
+    record["Δ tokens vs null"] = arm.tokens_vs_baseline.value if arm.tokens_vs_baseline else math.nan
+    record["Δ trunc vs null"] = arm.truncation_vs_baseline.value if arm.truncation_vs_baseline else math.nan
     record["Δ vs full"] = arm.vs_full.value if arm.vs_full else math.nan
     record["K/N_avg"] = arm.k_over_n_avg
     samples = sum(summaries[run.run_id].samples for run in arm.runs.values())
@@ -333,7 +342,12 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     return record
 
 
-BADGES = {"beats null": "beats null", "ties null": "ties", "loses to null": "loses"}
+BADGES = {
+    "beats null": "beats null",
+    "equivalent to null": "equivalent",
+    "inconclusive": "inconclusive",
+    "loses to null": "loses",
+}
 
 
 def _badge(verdict: str | None) -> str:

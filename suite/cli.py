@@ -9,7 +9,18 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from kvbench.commands import analyze, bench, check, leaderboard, lmeval, models, policies, run, submissions
+from kvbench.commands import (
+    analyze,
+    bench,
+    calibrate,
+    check,
+    leaderboard,
+    lmeval,
+    models,
+    policies,
+    run,
+    submissions,
+)
 from kvbench.errors import KvbenchError
 
 # messages are printed as they are: a path or a name with "[/]" or ":smile:" in it stays that text
@@ -23,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with: kvbench run --policy snapkv --protocol protect-prompt. Docs: README.md, docs/.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (run, check, policies, models, bench, leaderboard, submissions, lmeval, analyze):
+    for module in (run, check, calibrate, policies, models, bench, leaderboard, submissions, lmeval, analyze):
         module.register(commands)
     return parser
 

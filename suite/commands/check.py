@@ -87,7 +87,9 @@ def check_command(args: argparse.Namespace) -> int:
         out = args.out or Path(scratch)
         completed = run_cells(cells, out, progress=not args.quiet)
         cells, timings = completed.cells, completed.timings
-        results = collect(cells, ingest(out).snapshot)
+        snapshot = ingest(out).snapshot
+        results = collect(cells, snapshot)
+        print_verdicts(cells, snapshot)
     console.print(
         f"suite {suite.name}: {len(cells)} cells, {timings.computed} problems computed, "
         f"{timings.reused} read from {out}"
@@ -128,6 +130,31 @@ def check_command(args: argparse.Namespace) -> int:
         + f"; reference written {manifest.get('written')} at commit {(manifest.get('git') or {}).get('sha')}"
     )
     return 1 if failed else 0
+
+
+def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
+    """Every policy cell's verdict against its null, with the margin and the minimum detectable effect:
+    what the suite's results say, beside whether they moved."""
+    from kvbench.commands.run import build_report
+    from kvbench.results.compare import effect_text, verdict_text
+
+    table = Table(title="verdicts against the null (Holm across each table's policies)")
+    for column in ("cell", "Δ vs null [95% CI]", "W/T/L", "verdict", "margin / MDE"):
+        table.add_column(column, no_wrap=column == "cell")
+    for cell, row in zip(cells, build_report(cells, snapshot), strict=True):
+        test = row.null_test
+        if test is None:
+            continue
+        d = test.difference
+        table.add_row(
+            cell_key(cell),
+            f"{d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}]",
+            f"{test.wins}/{test.ties}/{test.losses}",
+            verdict_text(test.verdict, test.p_adjusted, test.problems_needed),
+            f"±{test.margin:g} / {effect_text(test.minimum_detectable)}",
+        )
+    if table.row_count:
+        console.print(table)
 
 
 def cell_key(cell: Cell) -> str:

@@ -176,6 +176,10 @@ class ReportRow:
     mean_generated_tokens: float = math.nan
     null_test: PairedComparison | None = None
     """Sign test against the null with its Holm-corrected verdict (policies under test only)."""
+    lengthening: float = math.nan
+    """Mean generated tokens over the full cache's on the same problems."""
+    tokens_per_correct: float = math.nan
+    tokens_vs_null: Estimate | None = None
 
 
 def _estimate(e, signed: bool = False) -> str:
@@ -314,11 +318,15 @@ def _row(cell: Cell, arm: ArmResult) -> ReportRow:
         no_answer_rate=arm.no_answer_rate,
         mean_generated_tokens=arm.mean_generated_tokens,
         null_test=arm.test,
+        lengthening=arm.lengthening,
+        tokens_per_correct=arm.tokens_per_correct,
+        tokens_vs_null=arm.tokens_vs_baseline,
     )
 
 
 def print_table(group: list[ReportRow], *, generated: bool) -> None:
     """One model and task: every arm against the null and the full cache, then the sign test's power."""
+    from kvbench.results.compare import effect_text, verdict_text
     from kvbench.results.stats import resolvable_difference
 
     head = group[0]
@@ -333,11 +341,13 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
         "Δ vs null",
         "W/T/L",
         "verdict (Holm)",
+        "margin / MDE",
         "Δ vs full",
         "problems × samples",
     )
     if generated:
-        columns = (*columns[:4], "strict", "trunc / no-ans", "tokens", *columns[4:])
+        extras = ("strict", "trunc / no-ans", "tokens (× full)", "tokens / correct", "Δ tokens vs null")
+        columns = (*columns[:4], *extras, *columns[4:])
     for column in columns:
         table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
     for r in group:
@@ -346,12 +356,15 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
         ratio = "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}"
         test = r.null_test
         wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
-        verdict = f"{test.verdict} (p={test.p_adjusted:.3f})" if test else "—"
+        verdict = verdict_text(test.verdict, test.p_adjusted, test.problems_needed) if test else "—"
+        margin = f"±{test.margin:g} / {effect_text(test.minimum_detectable)}" if test else "—"
         extra = (
             (
                 "—" if r.strict is None else f"{r.strict.value:.3f}",
                 f"{r.truncation_rate:.0%} / {r.no_answer_rate:.0%}",
-                f"{r.mean_generated_tokens:.0f}",
+                f"{r.mean_generated_tokens:.0f} ({r.lengthening:.2f}×)",
+                f"{r.tokens_per_correct:.0f}",
+                "—" if r.tokens_vs_null is None else f"{r.tokens_vs_null.value:+.0f}",
             )
             if generated
             else ()
@@ -365,6 +378,7 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
             _estimate(r.vs_null, True),
             wtl,
             verdict,
+            margin,
             _estimate(r.vs_full, True),
             f"{r.problems} × {r.samples}",
         )
@@ -459,7 +473,7 @@ def print_comparison(rows: list[dict], title: str) -> None:
 
     table = Table(title=title)
     for column in HEADER:
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
     for r in rows:
         table.add_row(*display_cells(r))
     console.print(table)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvbench.errors import SpecError
 from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
+from kvbench.results.stats import Estimate
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import reading
@@ -56,6 +57,15 @@ COLUMNS = (
     "truncation_rate",
     "no_answer_rate",
     "mean_generated_tokens",
+    "lengthening",
+    "tokens_per_correct",
+    "delta_tokens",
+    "delta_tokens_low",
+    "delta_tokens_high",
+    "delta_truncation",
+    "delta_truncation_low",
+    "delta_truncation_high",
+    "delta_tokens_per_correct",
     "delta",
     "delta_low",
     "delta_high",
@@ -64,6 +74,10 @@ COLUMNS = (
     "losses",
     "p_holm",
     "verdict",
+    "margin",
+    "p_equivalence_holm",
+    "minimum_detectable_effect",
+    "problems_needed",
     "delta_full",
     "problems",
     "samples",
@@ -170,6 +184,11 @@ def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *,
         arm.truncation_rate,
         arm.no_answer_rate,
         arm.mean_generated_tokens,
+        arm.lengthening,
+        arm.tokens_per_correct,
+        *_interval(arm.tokens_vs_baseline),
+        *_interval(arm.truncation_vs_baseline),
+        arm.tokens_per_correct_vs_baseline,
         *(
             (
                 test.difference.value,
@@ -180,9 +199,13 @@ def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *,
                 test.losses,
                 test.p_adjusted,
                 test.verdict,
+                test.margin,
+                test.p_equivalence_adjusted,
+                test.minimum_detectable,
+                test.problems_needed,
             )
             if test is not None
-            else (None,) * 7 + (NO_BASELINE,)
+            else (None,) * 7 + (NO_BASELINE,) + (None,) * 4
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -190,6 +213,10 @@ def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *,
         len(test.excluded) if test is not None else 0,
     )
     return dict(zip(COLUMNS, values, strict=True))
+
+
+def _interval(estimate: Estimate | None) -> tuple[float | None, float | None, float | None]:
+    return (None, None, None) if estimate is None else (estimate.value, estimate.low, estimate.high)
 
 
 def render(rows: list[dict], fmt: str) -> str:
@@ -216,10 +243,12 @@ HEADER = (
     "score [95% CI]",
     "strict",
     "trunc / no-ans",
-    "tokens",
+    "tokens (× full) / per correct",
+    "Δ tokens [95% CI] / Δ trunc vs baseline",
     "Δ vs baseline [95% CI]",
     "W/T/L",
     "verdict",
+    "margin / MDE",
     "Δ vs full",
 )
 
@@ -241,11 +270,39 @@ def display_cells(row: dict) -> list[str]:
         f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
         _number(row["strict"], ".3f"),
         f"{_number(row['truncation_rate'], '.0%')} / {_number(row['no_answer_rate'], '.0%')}",
-        _number(row["mean_generated_tokens"], ".0f"),
-        "—"
-        if row["delta"] is None
-        else f"{row['delta']:+.3f} [{row['delta_low']:+.3f}, {row['delta_high']:+.3f}]",
+        f"{_number(row['mean_generated_tokens'], '.0f')} ({_number(row['lengthening'], '.2f')}×) / "
+        f"{_number(row['tokens_per_correct'], '.0f')} ({_number(row['delta_tokens_per_correct'], '+.0f')})",
+        f"{_signed_interval(row, 'delta_tokens', '.0f')} / {_number(row['delta_truncation'], '+.0%')}",
+        _signed_interval(row, "delta", ".3f"),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
-        row["verdict"] if row["p_holm"] is None else f"{row['verdict']} (p={row['p_holm']:.3f})",
+        verdict_text(row["verdict"], row["p_holm"], row["problems_needed"]),
+        "—"
+        if row["margin"] is None
+        else f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
         _number(row["delta_full"], "+.3f"),
     ]
+
+
+def _signed_interval(row: dict, name: str, fmt: str) -> str:
+    value, low, high = (row[name], row[f"{name}_low"], row[f"{name}_high"])
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:+{fmt}} [{low:+{fmt}}, {high:+{fmt}}]"
+
+
+def verdict_text(verdict: str | None, p_holm: float | None, problems_needed: int | None) -> str:
+    """A verdict as people read it: with the sign test's Holm p, and beside *inconclusive* the problems
+    that would give the sign test 80% power to detect the margin."""
+    if p_holm is None:
+        return verdict or "—"
+    text = f"{verdict} (p={p_holm:.3f})"
+    if verdict == "inconclusive":
+        text += f"; {problems_needed} problems for 80% power" if problems_needed else "; margin out of reach"
+    return text
+
+
+def effect_text(effect: float | None) -> str:
+    """The minimum detectable effect: "none" where no effect is detectable with these problems."""
+    if effect is None or math.isnan(effect):
+        return "—"
+    return "none" if math.isinf(effect) else f"{effect:.3f}"

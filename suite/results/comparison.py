@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import duckdb
 
@@ -138,6 +138,17 @@ class ArmResult:
     test: PairedComparison | None
     """The sign test against the baseline with its Holm-corrected verdict (arms under test only)."""
     vs_full: Estimate | None
+    lengthening: float = math.nan
+    """Mean generated tokens over those of the full cache on the same problems (1: as long; NaN: no
+    paired full cache, or a task that generates nothing)."""
+    tokens_per_correct: float = math.nan
+    """Generated tokens over correct samples (NaN without a correct/incorrect verdict or a correct one)."""
+    tokens_vs_baseline: Estimate | None = None
+    """Paired per-problem difference of mean generated tokens to the baseline."""
+    truncation_vs_baseline: Estimate | None = None
+    """Paired per-problem difference of the share of samples stopped by the token cap."""
+    tokens_per_correct_vs_baseline: float = math.nan
+    """This arm's tokens per correct answer minus the baseline's, on the paired runs."""
 
     @property
     def verdict(self) -> str | None:
@@ -150,6 +161,20 @@ class ArmResult:
 def _rate(parts: Sequence[CellSummary], field: str) -> float:
     samples = sum(p.samples for p in parts)
     return sum(getattr(p, field) * p.samples for p in parts if p.samples) / samples if samples else math.nan
+
+
+def _tokens_per_correct(parts: Sequence[CellSummary]) -> float:
+    correct = [p.correct for p in parts]
+    if any(c is None for c in correct) or not sum(c or 0 for c in correct):
+        return math.nan
+    return sum(p.mean_generated_tokens * p.samples for p in parts) / sum(c or 0 for c in correct)
+
+
+def _ratio_of_means(arm: Mapping[Any, float], other: Mapping[Any, float]) -> float:
+    """Mean of ``arm`` over mean of ``other``, on the problems both have (NaN without any, or a 0)."""
+    shared = set(arm) & set(other)
+    below = sum(other[k] for k in shared)
+    return sum(arm[k] for k in shared) / below if shared and below else math.nan
 
 
 def compare_table(
@@ -197,13 +222,23 @@ def compare_table(
             found = {t: run for t in tasks if (run := _partner(arms[arm][t], every, other, role)) is not None}
         return found if len(found) == len(tasks) else {}
 
-    def scores(found: dict[str, StoredRun]) -> dict[tuple[str, str], float] | None:
-        return pool({t: summaries[run.run_id].scores for t, run in found.items()}) if found else None
+    def scores(found: dict[str, StoredRun], field: str = "scores") -> dict[tuple[str, str], float] | None:
+        """The runs' per-problem ``field`` (a CellSummary's per-problem mapping), pooled over tasks."""
+        if not found:
+            return None
+        return pool({t: getattr(summaries[run.run_id], field) for t, run in found.items()})
+
+    def own(arm: Arm, field: str) -> dict[tuple[str, str], float]:
+        return pool({t: getattr(summaries[arms[arm][t].run_id], field) for t in tasks})
 
     nulls = {arm: partner_runs(arm, base, Role.NULL) for arm in arms}
     fulls = {arm: partner_runs(arm, full, Role.REFERENCE) for arm in arms}
     tested = [a for a in arms if a != base and a[2] != Role.REFERENCE and nulls[a]]
-    family = [compare_arms(pooled[a], scores(nulls[a]) or {}) for a in tested]
+    # the margin is the protocol's, which every run of a table shares (the table is keyed by protocol)
+    family = [
+        compare_arms(pooled[a], scores(nulls[a]) or {}, arms[a][tasks[0]].spec.protocol.margin)
+        for a in tested
+    ]
     tests = dict(zip(tested, holm_verdicts(family), strict=True))
     results = []
     for arm, got in arms.items():
@@ -216,6 +251,11 @@ def compare_table(
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
+        tokens, null_tokens = own(arm, "tokens"), scores(nulls[arm], "tokens")
+        null_truncated = scores(nulls[arm], "truncated")
+        full_tokens = tokens if arm[2] == Role.REFERENCE else scores(fulls[arm], "tokens")
+        per_correct = _tokens_per_correct(parts)
+        null_parts = [summaries[run.run_id] for run in nulls[arm].values()]
         results.append(
             ArmResult(
                 policy=arm[0],
@@ -235,6 +275,15 @@ def compare_table(
                 vs_baseline=vs_base,
                 test=test,
                 vs_full=paired_difference(pooled[arm], full_scores) if full_scores is not None else None,
+                lengthening=_ratio_of_means(tokens, full_tokens or {}),
+                tokens_per_correct=per_correct,
+                tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
+                truncation_vs_baseline=(
+                    paired_difference(own(arm, "truncated"), null_truncated) if null_truncated else None
+                ),
+                tokens_per_correct_vs_baseline=(
+                    per_correct - _tokens_per_correct(null_parts) if null_parts else math.nan
+                ),
             )
         )
     return results

@@ -6,6 +6,7 @@ not independent. Differences between two arms are paired on the problems both ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -78,7 +79,11 @@ def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], floa
     return {(task, problem): value for task, scores in tasks.items() for problem, value in scores.items()}
 
 
-Verdict = Literal["beats null", "ties null", "loses to null"]
+Verdict = Literal["beats null", "equivalent to null", "inconclusive", "loses to null"]
+
+ALPHA = 0.05
+POWER = 0.8
+"""The power the minimum detectable effect and the problems needed are quoted at."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +100,31 @@ class PairedComparison:
     """Problems present in only one arm: left out, and reported."""
     p_adjusted: float | None = None
     verdict: Verdict | None = None
+    margin: float = math.nan
+    """The protocol's equivalence margin, in the task's metric."""
+    p_equivalence: float = 1.0
+    """Two one-sided t-tests (TOST) of the per-problem differences against ±margin: the larger p."""
+    p_equivalence_adjusted: float | None = None
+    minimum_detectable: float = math.nan
+    """The smallest effect the sign test detects at 80% power with these problems at the observed
+    discordance (inf: none can be)."""
+    problems_needed: int | None = None
+    """The problems that give the sign test 80% power to detect the margin at the observed discordance."""
+
+    @property
+    def discordance(self) -> float:
+        """The share of shared problems on which the two arms differ."""
+        shared = self.wins + self.ties + self.losses
+        return (self.wins + self.losses) / shared if shared else math.nan
 
 
-def compare_arms(arm: Mapping[Any, float], baseline: Mapping[Any, float], **kwargs: Any) -> PairedComparison:
-    """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems."""
+def compare_arms(
+    arm: Mapping[Any, float], baseline: Mapping[Any, float], margin: float = math.nan, **kwargs: Any
+) -> PairedComparison:
+    """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems.
+
+    ``margin`` is the protocol's equivalence margin (NaN: no equivalence test, no problems needed).
+    """
     from scipy.stats import binomtest
 
     shared = sorted(set(arm) & set(baseline))
@@ -107,6 +133,7 @@ def compare_arms(arm: Mapping[Any, float], baseline: Mapping[Any, float], **kwar
     wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
     decided = wins + losses
     p_value = float(binomtest(wins, decided, 0.5).pvalue) if decided else 1.0
+    discordance = decided / len(shared) if shared else math.nan
     return PairedComparison(
         difference=bootstrap_mean(deltas, **kwargs),
         wins=wins,
@@ -114,7 +141,103 @@ def compare_arms(arm: Mapping[Any, float], baseline: Mapping[Any, float], **kwar
         losses=losses,
         p_value=p_value,
         excluded=excluded,
+        margin=margin,
+        p_equivalence=equivalence_p(deltas, margin),
+        minimum_detectable=minimum_detectable_effect(len(shared), discordance),
+        problems_needed=problems_needed(discordance, margin),
     )
+
+
+def equivalence_p(deltas: Sequence[float] | np.ndarray, margin: float) -> float:
+    """TOST p-value that the mean per-problem difference lies inside ±margin.
+
+    Problems are the unit (each problem's samples were averaged first), so samples of one problem are
+    never counted as independent. Both one-sided t-tests run at the verdict's level; the larger p
+    decides, which is the same as the (1 − 2α) t-interval lying inside ±margin. Differences without
+    spread have no t-test: all zero, the exact bound (1 − margin)^n (the chance that no problem differs
+    were the arms to differ on a share ``margin`` of problems, scores in [0, 1]); otherwise 1.
+    """
+    from scipy.stats import ttest_1samp
+
+    deltas = np.asarray(deltas, dtype=float)
+    if deltas.size == 0 or not margin > 0:
+        return 1.0
+    if deltas.size < 2 or np.ptp(deltas) == 0:
+        return float((1 - min(margin, 1.0)) ** deltas.size) if not deltas.any() else 1.0
+    above = ttest_1samp(deltas, -margin, alternative="greater").pvalue
+    below = ttest_1samp(deltas, margin, alternative="less").pvalue
+    return float(max(above, below))
+
+
+def sign_test_power(problems: int, discordance: float, effect: float, alpha: float = ALPHA) -> float:
+    """Power of the two-sided exact sign test (p < alpha, in the effect's direction) on ``problems``
+    problems, each differing between the arms with probability ``discordance``, when the arm under test
+    wins a differing problem with probability 1/2 + effect / (2 · discordance): the share of problems
+    won minus the share lost is ``effect`` (the mean score difference, for one pass/fail sample per
+    problem). Exact: the number of differing problems is binomial, and for each the rejection region of
+    scipy's binomtest is summed."""
+    from scipy.stats import binom
+
+    if problems <= 0 or not 0 < discordance <= 1 or not 0 <= effect <= discordance:
+        return 0.0
+    differing = np.arange(problems + 1)
+    # the fewest wins of k differing problems that the two-sided test at alpha rejects: 2·P(W ≥ c) < alpha
+    critical = binom.isf(alpha / 2, differing, 0.5) + 1
+    critical = np.where(2 * binom.sf(critical - 1, differing, 0.5) < alpha, critical, critical + 1)
+    win = 0.5 + effect / (2 * discordance)
+    rejects = binom.sf(critical - 1, differing, win)
+    return float(binom.pmf(differing, problems, discordance) @ rejects)
+
+
+def minimum_detectable_effect(
+    problems: int, discordance: float, alpha: float = ALPHA, power: float = POWER
+) -> float:
+    """The smallest effect (share won minus share lost) the sign test detects with ``power`` on
+    ``problems`` problems at ``discordance``; inf when not even an arm winning every differing problem
+    would be, NaN without problems."""
+    from scipy.optimize import brentq
+
+    if problems <= 0 or not discordance >= 0:
+        return math.nan
+    if discordance == 0 or sign_test_power(problems, discordance, discordance, alpha) < power:
+        return math.inf
+    return float(
+        brentq(
+            lambda e: sign_test_power(problems, discordance, e, alpha) - power, 0.0, discordance, xtol=1e-6
+        )
+    )
+
+
+MAX_PROBLEMS = 1_000_000
+"""Beyond this many problems the figure is reported as out of reach (None)."""
+
+
+def problems_needed(
+    discordance: float, margin: float, alpha: float = ALPHA, power: float = POWER
+) -> int | None:
+    """Problems that give the sign test ``power`` against an effect of ``margin`` at the observed
+    discordance. Below the margin's own size (an effect of ``margin`` needs the arms to differ on at
+    least that share of problems) the discordance is taken to be the margin. The exact power is not
+    quite monotone in n (the test is discrete): the figure is where bisection over n finds it crossing.
+    """
+    if not margin > 0 or math.isnan(discordance):
+        return None
+    rate = min(1.0, max(discordance, margin))
+    effect = min(margin, rate)
+
+    def enough(n: int) -> bool:
+        return sign_test_power(n, rate, effect, alpha) >= power
+
+    high = 8
+    while not enough(high):
+        if high > MAX_PROBLEMS:
+            return None
+        high *= 2
+    low = high // 2  # not enough (or 4, below which no sign test rejects at 5%)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -128,17 +251,23 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def verdicts(comparisons: list[PairedComparison], alpha: float = 0.05) -> list[PairedComparison]:
-    """Holm-corrected verdicts: a policy beats (or loses to) the null only when the corrected test says so."""
+def verdicts(comparisons: list[PairedComparison], alpha: float = ALPHA) -> list[PairedComparison]:
+    """Holm-corrected verdicts across one table: a policy beats (or loses to) the null only when the
+    corrected sign test says so; it is equivalent to the null only when the corrected TOST says its
+    difference lies inside ±margin; otherwise inconclusive. The sign tests and the equivalence tests are
+    each Holm-corrected across the table's policies."""
     from dataclasses import replace
 
     adjusted = holm([c.p_value for c in comparisons])
+    equivalent = holm([c.p_equivalence for c in comparisons])
     out = []
-    for comparison, p in zip(comparisons, adjusted, strict=True):
-        verdict: Verdict = "ties null"
+    for comparison, p, p_equal in zip(comparisons, adjusted, equivalent, strict=True):
+        verdict: Verdict = "inconclusive"
         if p < alpha:
             verdict = "beats null" if comparison.wins > comparison.losses else "loses to null"
-        out.append(replace(comparison, p_adjusted=p, verdict=verdict))
+        elif p_equal < alpha:
+            verdict = "equivalent to null"
+        out.append(replace(comparison, p_adjusted=p, p_equivalence_adjusted=p_equal, verdict=verdict))
     return out
 
 
@@ -158,3 +287,37 @@ def resolvable_difference(problems: int, alpha: float = 0.05, power: float = 0.8
         if binom.sf(critical - 1, problems, rate) >= power:
             return float(excess)
     return 0.5
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A/A comparisons (the null against itself at other seeds): how often each verdict came out."""
+
+    comparisons: int
+    verdicts: dict[str, int]
+    false_positive_rate: float
+    """The share called *beats* or *loses*: the sign test's real level, at most α if it holds."""
+    low: float
+    high: float
+    """Clopper-Pearson 95% interval of the false-positive rate."""
+    covered: float
+    """The share of paired 95% bootstrap intervals that contain 0 (nominally 95%)."""
+
+
+def calibration(comparisons: Sequence[PairedComparison], level: float = 0.95) -> Calibration:
+    """Tally of judged A/A comparisons (each its own family: Holm only lowers the rate)."""
+    from scipy.stats import binomtest
+
+    n = len(comparisons)
+    counts = {v: sum(c.verdict == v for c in comparisons) for v in Verdict.__args__}  # type: ignore[attr-defined]
+    false = counts["beats null"] + counts["loses to null"]
+    interval = binomtest(false, n).proportion_ci(level, method="exact") if n else None
+    covered = sum(c.difference.low <= 0 <= c.difference.high for c in comparisons)
+    return Calibration(
+        comparisons=n,
+        verdicts=counts,
+        false_positive_rate=false / n if n else math.nan,
+        low=interval.low if interval else math.nan,
+        high=interval.high if interval else math.nan,
+        covered=covered / n if n else math.nan,
+    )

@@ -25,6 +25,12 @@ class CellSummary:
     or of the quantity summarized (QUANTITIES)."""
     strict: dict[str, float] = field(default_factory=dict)
     """Problem id -> share of its samples correct *and* finished before the token cap."""
+    tokens: dict[str, float] = field(default_factory=dict)
+    """Problem id -> mean generated tokens of its samples (generation tasks; probes generate none)."""
+    truncated: dict[str, float] = field(default_factory=dict)
+    """Problem id -> share of its samples stopped by the token cap."""
+    correct: int | None = None
+    """Samples graded correct (None: no sample has a correct/incorrect verdict)."""
     samples: int = 0
     truncation_rate: float = float("nan")
     no_answer_rate: float = float("nan")
@@ -46,7 +52,7 @@ _QUERY = """
 SELECT run_id, problem_id, avg({quantity}), avg(strict_correct::INTEGER), count(*),
        sum((finish_reason = 'length')::INTEGER),
        sum(coalesce(no_answer, false)::INTEGER),
-       sum(generated_tokens)
+       sum(generated_tokens), avg(generated_tokens), sum(correct::INTEGER)
 FROM samples WHERE list_contains(?, run_id) GROUP BY run_id, problem_id
 """
 
@@ -61,29 +67,49 @@ def summarize(
     query = _QUERY.format(quantity=QUANTITIES[quantity])  # a column name from the table above, never input
     run_ids = list(dict.fromkeys(run_ids))
     parts: dict[str, dict] = {
-        r: {"scores": {}, "strict": {}, "n": 0, "cut": 0, "none": 0, "tokens": 0} for r in run_ids
+        r: {
+            "scores": {},
+            "strict": {},
+            "tokens": {},
+            "cut": {},
+            "n": 0,
+            "none": 0,
+            "sum": 0,
+            "truncated": 0,
+            "right": None,
+        }
+        for r in run_ids
     }
-    for run_id, problem, metric, strict, n, cut, none, tokens in con.execute(query, [run_ids]).fetchall():
+    rows = con.execute(query, [run_ids]).fetchall()
+    for run_id, problem, metric, strict, n, cut, none, tokens, mean_tokens, right in rows:
         part = parts[run_id]
         if metric is not None:  # a problem none of whose samples has a metric is not scored
             part["scores"][problem] = float(metric)
         if strict is not None:  # continuous probe metrics have no correct/strict verdict
             part["strict"][problem] = float(strict)
+        if mean_tokens is not None:
+            part["tokens"][problem] = float(mean_tokens)
+        if right is not None:
+            part["right"] = (part["right"] or 0) + right
+        part["cut"][problem] = cut / n
         part["n"] += n
-        part["cut"] += cut
+        part["truncated"] += cut
         part["none"] += none
-        part["tokens"] += tokens or 0
+        part["sum"] += tokens or 0
     out = {}
     for run_id, p in parts.items():
         n = p["n"]
         out[run_id] = CellSummary(
             run_id,
-            p["scores"],
-            p["strict"],
-            n,
-            p["cut"] / n if n else float("nan"),
-            p["none"] / n if n else float("nan"),
-            p["tokens"] / n if n else float("nan"),
+            scores=p["scores"],
+            strict=p["strict"],
+            tokens=p["tokens"],
+            truncated=p["cut"],
+            correct=p["right"],
+            samples=n,
+            truncation_rate=p["truncated"] / n if n else float("nan"),
+            no_answer_rate=p["none"] / n if n else float("nan"),
+            mean_generated_tokens=p["sum"] / n if n else float("nan"),
         )
     return out
 

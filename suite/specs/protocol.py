@@ -70,6 +70,9 @@ class PrecisionSpec(StrictSpec):
         return MixedPrecision(self.bits, self.group, self.high_precision, self.demote)
 
 
+DEFAULT_MARGIN = 0.02
+"""The equivalence margin of a protocol that declares none: 2 points of pass@1 (or of a probe's metric)."""
+
 _ROLES = {
     "baseline": ("random", "the null: every comparison, table and verdict is against Random Attention"),
     "reference": ("full", "the full cache: every Δ is measured from the cache that never evicts"),
@@ -93,6 +96,10 @@ class ProtocolSpec(StrictSpec):
     """The null baseline every policy is compared with (Random Attention)."""
     reference: str = "full"
     """The no-eviction reference."""
+    margin: float = pydantic.Field(default=DEFAULT_MARGIN, gt=0.0, lt=1.0)
+    """The equivalence margin, in the task's metric: a policy whose paired difference to the null lies
+    inside ±margin (two one-sided tests) is *equivalent to the null*. Left out of a stored spec (and of
+    the identity) unless set, so specs written before it existed read back with the default."""
     precision: PrecisionSpec | None = None
     """A mixed-precision cache for the policies and the null (the full-cache reference always keeps the
     model's precision); None keeps the model's precision everywhere."""
@@ -114,6 +121,8 @@ class ProtocolSpec(StrictSpec):
         record = self.model_dump(mode="json", exclude={"description"})
         if record["precision"] is None:
             del record["precision"]
+        if record["margin"] == DEFAULT_MARGIN:
+            del record["margin"]
         if record["budget"]["unit"] == "tokens":
             del record["budget"]["unit"]
         return record

@@ -201,10 +201,10 @@ def test_arms_are_paired_with_the_null_and_holm_corrected_together(con: duckdb.D
         assert arms[key].vs_baseline.value == pytest.approx(delta, abs=1e-12)
         assert test.p_value == pytest.approx(p_raw, rel=1e-12)
         assert test.p_adjusted == pytest.approx(p_holm, rel=1e-12)
-        expected = "ties null" if p_holm >= 0.05 else ("beats null" if wins > losses else "loses to null")
+        expected = "inconclusive" if p_holm >= 0.05 else ("beats null" if wins > losses else "loses to null")
         assert arms[key].verdict == expected
-    # the store was drawn so that both directions and a tie appear
-    assert [arms[k].verdict for k in PAIRED] == ["ties null", "beats null", "loses to null"]
+    # the store was drawn so that both directions and an inconclusive test appear
+    assert [arms[k].verdict for k in PAIRED] == ["inconclusive", "beats null", "loses to null"]
     assert len(set(raw)) == 3 and holm_by_definition(raw) != raw
     # the null is the baseline, not the random policy run made before it, and is not tested against itself
     assert arms["random", "null"].test is None and arms["random", "null"].vs_baseline is None

@@ -37,11 +37,11 @@ def test_paired_difference_is_arm_minus_other_on_shared_problems_only() -> None:
     assert difference.problems == 2
 
 
-def test_all_ties_give_p_one_and_a_tie() -> None:
+def test_all_ties_give_p_one_and_no_verdict() -> None:
     tied = compare_arms({"a": 1.0, "b": 0.0}, {"a": 1.0, "b": 0.0}, draws=200)
     assert (tied.wins, tied.ties, tied.losses, tied.p_value) == (0, 2, 0, 1.0)
     (verdict,) = verdicts([tied])
-    assert (verdict.p_adjusted, verdict.verdict) == (1.0, "ties null")
+    assert (verdict.p_adjusted, verdict.verdict) == (1.0, "inconclusive")  # no margin: no equivalence
 
 
 def test_holm_never_exceeds_one() -> None:
@@ -55,7 +55,7 @@ def _with_p(p: float, wins: int, losses: int) -> PairedComparison:
 
 def test_a_p_value_at_the_level_is_not_significant() -> None:
     at, below = verdicts([_with_p(0.05, 8, 2)])[0], verdicts([_with_p(0.0499, 8, 2)])[0]
-    assert (at.verdict, below.verdict) == ("ties null", "beats null")
+    assert (at.verdict, below.verdict) == ("inconclusive", "beats null")
     assert verdicts([_with_p(0.0499, 2, 8)])[0].verdict == "loses to null"
 
 

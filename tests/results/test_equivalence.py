@@ -1,0 +1,168 @@
+"""The four verdicts on constructed paired data, with their p-values written out independently, and the
+sign test's power figures (problems needed, minimum detectable effect) checked against simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom, binomtest
+from scipy.stats import t as student_t
+
+from kvbench.results.stats import (
+    compare_arms,
+    minimum_detectable_effect,
+    problems_needed,
+    sign_test_power,
+    verdicts,
+)
+
+MARGIN = 0.1
+
+
+def arms(wins: int, ties: int, losses: int) -> tuple[dict[str, float], dict[str, float]]:
+    """One pass/fail sample per problem: the arm wins, ties (both right) or loses each problem."""
+    outcomes = [1.0] * wins + [0.0] * ties + [-1.0] * losses
+    arm = {f"p{i}": max(o, 0.0) + (o == 0.0) for i, o in enumerate(outcomes)}
+    null = {f"p{i}": max(-o, 0.0) + (o == 0.0) for i, o in enumerate(outcomes)}
+    return arm, null
+
+
+def tost_by_hand(wins: int, ties: int, losses: int, margin: float) -> float:
+    """The larger of the two one-sided t-test p-values against ±margin, from the counts alone."""
+    n = wins + ties + losses
+    mean = (wins - losses) / n
+    variance = (wins * (1 - mean) ** 2 + ties * mean**2 + losses * (-1 - mean) ** 2) / (n - 1)
+    se = math.sqrt(variance / n)
+    return max(student_t.sf((mean + margin) / se, n - 1), student_t.cdf((mean - margin) / se, n - 1))
+
+
+def verdict(wins: int, ties: int, losses: int, margin: float = MARGIN):
+    return verdicts([compare_arms(*arms(wins, ties, losses), margin, draws=200)])[0]
+
+
+def test_beats_and_loses_follow_the_exact_sign_test() -> None:
+    beats, loses = verdict(10, 0, 0), verdict(0, 0, 10)
+    assert beats.p_value == loses.p_value == pytest.approx(2 * 0.5**10, rel=1e-12)
+    assert (beats.verdict, loses.verdict) == ("beats null", "loses to null")
+
+
+def test_the_same_rates_are_inconclusive_on_4_problems_and_equivalent_on_400() -> None:
+    small, large = verdict(1, 2, 1), verdict(100, 200, 100)  # half the problems differ, evenly
+    assert small.p_value == large.p_value == 1.0
+    assert small.p_equivalence == pytest.approx(tost_by_hand(1, 2, 1, MARGIN), rel=1e-9)
+    assert large.p_equivalence == pytest.approx(tost_by_hand(100, 200, 100, MARGIN), rel=1e-9)
+    assert small.p_equivalence > 0.4 and large.p_equivalence < 0.01
+    assert (small.verdict, large.verdict) == ("inconclusive", "equivalent to null")
+    # beside "inconclusive": the problems that would give 80% power to detect the margin at this discordance
+    assert small.discordance == large.discordance == 0.5
+    needed = small.problems_needed
+    assert needed is not None and 4 < needed < 1000
+    assert sign_test_power(needed, 0.5, MARGIN) >= 0.8 > sign_test_power(needed * 3 // 4, 0.5, MARGIN)
+
+
+def test_a_difference_near_the_margin_is_inconclusive() -> None:
+    # 17 wins, 10 losses, 73 ties: mean 0.07 inside ±0.1, but its 90% interval reaches past 0.1
+    near = verdict(17, 73, 10)
+    assert near.p_equivalence == pytest.approx(tost_by_hand(17, 73, 10, MARGIN), rel=1e-9)
+    assert near.p_value == pytest.approx(binomtest(17, 27).pvalue, rel=1e-12)
+    assert near.p_value > 0.05 and near.p_equivalence > 0.05 and near.verdict == "inconclusive"
+    # significant and inside the margin: the sign test's verdict stands, as before
+    assert verdict(55, 920, 25).verdict == "beats null" and tost_by_hand(55, 920, 25, MARGIN) < 0.05
+
+
+def test_identical_arms_need_enough_problems_to_be_equivalent() -> None:
+    """No spread, no t-test: the exact bound (1 - margin)^n that no problem differs."""
+    few, many = verdict(0, 4, 0, 0.02), verdict(0, 400, 0, 0.02)
+    assert few.p_equivalence == pytest.approx(0.98**4, rel=1e-12)
+    assert many.p_equivalence == pytest.approx(0.98**400, rel=1e-12)
+    assert (few.verdict, many.verdict) == ("inconclusive", "equivalent to null")
+
+
+def test_equivalence_is_holm_corrected_across_a_table() -> None:
+    one = compare_arms(*arms(100, 200, 100), MARGIN, draws=200)
+    shifted = compare_arms(*arms(106, 200, 94), MARGIN, draws=200)  # mean 0.03
+    alone = verdicts([shifted])[0]
+    together = verdicts([one, shifted])
+    raw = sorted([one.p_equivalence, shifted.p_equivalence])
+    holm = [2 * raw[0], max(2 * raw[0], raw[1])]
+    assert sorted(v.p_equivalence_adjusted for v in together) == pytest.approx(holm, rel=1e-12)
+    assert alone.p_equivalence_adjusted == pytest.approx(shifted.p_equivalence, rel=1e-12)
+
+
+def test_without_a_margin_nothing_is_equivalent() -> None:
+    assert verdict(100, 200, 100, math.nan).verdict == "inconclusive"
+    assert compare_arms(*arms(1, 2, 1)).problems_needed is None
+
+
+def _simulated_power(problems: int, discordance: float, effect: float, draws: int, seed: int) -> float:
+    """Draws of (wins, ties, losses) over ``problems``; scipy's binomtest decides each."""
+    win, loss = (discordance + effect) / 2, (discordance - effect) / 2
+    counts = np.random.default_rng(seed).multinomial(problems, [win, 1 - discordance, loss], size=draws)
+    decided: dict[tuple[int, int], bool] = {}
+    rejected = 0
+    for w, _, lost in counts:
+        key = (int(w), int(lost))
+        if key not in decided:
+            decided[key] = w > lost and binomtest(key[0], key[0] + key[1], 0.5).pvalue < 0.05
+        rejected += decided[key]
+    return rejected / draws
+
+
+@pytest.mark.parametrize(("discordance", "margin"), [(0.5, 0.1), (0.3, 0.05), (0.02, 0.02)])
+def test_the_problems_needed_give_80_percent_power_in_10000_simulated_draws(
+    discordance: float, margin: float
+) -> None:
+    needed = problems_needed(discordance, margin)
+    assert needed is not None
+    rate = max(discordance, margin)  # below the margin, the margin's own discordance
+    analytic = sign_test_power(needed, rate, margin)
+    simulated = _simulated_power(needed, rate, margin, draws=10_000, seed=7)
+    assert abs(simulated - analytic) < 0.01
+    assert analytic >= 0.8 and simulated > 0.79
+    assert sign_test_power(needed // 2, rate, margin) < 0.8  # and it is not a loose figure
+
+
+@pytest.mark.parametrize(("problems", "discordance"), [(30, 1.0), (60, 0.4), (400, 0.5)])
+def test_the_minimum_detectable_effect_is_detected_80_percent_of_the_time(
+    problems: int, discordance: float
+) -> None:
+    effect = minimum_detectable_effect(problems, discordance)
+    assert 0 < effect < discordance
+    # the power at that effect, summed over scipy's own rejection regions
+    win = 0.5 + effect / (2 * discordance)
+    power = sum(
+        binom.pmf(k, problems, discordance)
+        * sum(binom.pmf(w, k, win) for w in range(k + 1) if w > k / 2 and binomtest(w, k).pvalue < 0.05)
+        for k in range(problems + 1)
+    )
+    assert power == pytest.approx(0.8, abs=1e-4)
+
+
+def test_four_problems_can_detect_nothing() -> None:
+    assert minimum_detectable_effect(4, 0.5) == math.inf
+    assert minimum_detectable_effect(4, 1.0) == math.inf  # 4 of 4 wins: p = 0.125
+    assert math.isnan(minimum_detectable_effect(0, 0.5))
+
+
+def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
+    from scipy.stats import beta
+
+    from kvbench.results.stats import calibration
+
+    judged = [verdict(10, 0, 0)] + [verdict(1, 2, 1)] * 28 + [verdict(100, 200, 100)]  # 1 false of 30
+    result = calibration(judged)
+    assert result.verdicts == {
+        "beats null": 1,
+        "equivalent to null": 1,
+        "inconclusive": 28,
+        "loses to null": 0,
+    }
+    assert result.false_positive_rate == pytest.approx(1 / 30)
+    # Clopper-Pearson written out: beta quantiles at 2.5% and 97.5%
+    assert (result.low, result.high) == pytest.approx(
+        (beta.ppf(0.025, 1, 30), beta.ppf(0.975, 2, 29)), rel=1e-9
+    )
+    covered = sum(j.difference.low <= 0 <= j.difference.high for j in judged) / 30
+    assert result.covered == covered and covered < 1  # the all-wins cell's interval misses 0
