@@ -128,7 +128,7 @@ def test_the_public_leaderboard_renders_in_headless_chromium(
     for name in ("snapkv", "streaming", "random", "full", "fidelity", "passkey"):
         assert name in text, name
     badges = board.locator("span.stMarkdownBadge").all_text_contents()
-    assert len(badges) == 2 and set(badges) <= {"beats null", "ties", "loses"}, badges
+    assert len(badges) == 2 and set(badges) <= {"beats null", "equivalent", "inconclusive", "loses"}, badges
     page.get_by_text("Published snapshot").wait_for(state="attached", timeout=30_000)
     dom = page.content()
     assert str(board_db.parents[1]) not in dom and "database:" not in dom  # no local path in public mode
