@@ -39,6 +39,15 @@ class Retention:
     by_age: list[float]
     """Per age bucket, oldest first: the kept share of the candidates' (position, KV head) pairs."""
 
+    def record_fields(self) -> dict[str, list[float]]:
+        """The sample record's columns (kvbench.store.records.SampleRecord) holding this summary."""
+        return {
+            "prompt_held_any": self.prompt_any,
+            "prompt_held_all": self.prompt_all,
+            "head_coverage": self.coverage,
+            "kept_by_age": self.by_age,
+        }
+
 
 def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(prompt_any [B, L], prompt_all [B, L], coverage [B, L], by_age [B, AGE_BUCKETS]) of one event, from
