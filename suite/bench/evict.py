@@ -4,6 +4,8 @@ One layer of Hkv KV heads and Hq query heads of dim D holds K + B slots (the mom
 each policy scores the K candidates and the engine keeps K − B of them plus the buffer. Every policy
 runs on the same tensors in the same process; times are medians of torch.utils.benchmark and are
 reported with their ratio to ``random`` (the cheapest sensible policy: one draw, one top-k, one gather).
+With ``telemetry_cost`` every policy is also timed with the retention telemetry off (kvbench.core.retention),
+interleaved with the run that has it on, and the ratio of the two is reported.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class EvictTiming:
     ms_per_event: float
     ratio_to_random: float
     runs: int
+    telemetry_ratio: float | None = None
+    """With ``telemetry_cost``: ms per event with the retention telemetry over ms without it."""
 
 
 def _layer(batch: int, model: ModelFacts, slots: int, dtype: torch.dtype, gen: torch.Generator) -> LayerKV:
@@ -55,6 +59,7 @@ def bench_evict(
     dtype: torch.dtype = torch.float32,
     min_run_time: float = 1.0,
     isolated: Sequence[str] = (),
+    telemetry_cost: bool = False,
 ) -> list[EvictTiming]:
     """``isolated`` scorer files (FILE.py:Class) are timed twice: in this process and in their own process
     behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event."""
@@ -82,21 +87,35 @@ def bench_evict(
             model.rope_inv_freq,
         ).to(dtype)
         times: dict[str, tuple[float, int]] = {}
+        without: dict[str, float] = {}
         for name, policy in arms:
-            evictor = Evictor(
-                policy,
-                schedule,
-                model,
-                prompt_len=prompt_len,
-                row_seeds=range(batch),
-                calibration=calibration,
-            )
-            timer = Timer(
-                "evictor.evict([layer], step=step, queries=[queries])",
-                globals={"evictor": evictor, "layer": layer, "step": budget + buffer, "queries": queries},
-            )
-            measurement = timer.blocked_autorange(min_run_time=min_run_time)
-            times[name] = (measurement.median * 1e3, len(measurement.times))
+
+            def timed(telemetry: bool, policy: Policy = policy) -> tuple[float, int]:
+                evictor = Evictor(
+                    policy,
+                    schedule,
+                    model,
+                    prompt_len=prompt_len,
+                    row_seeds=range(batch),
+                    calibration=calibration,
+                    telemetry=telemetry,
+                )
+                timer = Timer(
+                    "evictor.evict([layer], step=step, queries=[queries])",
+                    globals={"evictor": evictor, "layer": layer, "step": budget + buffer, "queries": queries},
+                )
+                measurement = timer.blocked_autorange(min_run_time=min_run_time)
+                return measurement.median * 1e3, len(measurement.times)
+
+            if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
+                pairs = [(timed(False)[0], timed(True)) for _ in range(2)]
+                without[name] = min(off for off, _ in pairs)
+                times[name] = min((on for _, on in pairs), key=lambda t: t[0])
+            else:
+                times[name] = timed(True)
         base = times["random"][0]
-        results += [EvictTiming(n, batch, ms, ms / base, runs) for n, (ms, runs) in times.items()]
+        results += [
+            EvictTiming(n, batch, ms, ms / base, runs, ms / without[n] if n in without else None)
+            for n, (ms, runs) in times.items()
+        ]
     return results

@@ -102,10 +102,10 @@ class ProbeTaskSource(TaskSource):
                 if result.high_precision_survival is not None:
                     measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
                 measured["needle_events"] = result.watched_events
+                secondary = {"answer_tokens": len(answer), "depth": problem.depth}
             retention = result.retention[i] if result.retention is not None else None
             if retention is not None:
                 measured.update(retention.record_fields())
-                secondary = {"answer_tokens": len(answer), "depth": problem.depth}
             rows.append(
                 SampleRecord(
                     run_id=cell.run_id,
