@@ -4,7 +4,7 @@ At every event the engine hands :class:`RetentionLog` the positions each layer's
 candidates ([L, B, Hkv, K − B], the buffer excluded). The log keeps only the last event's summary per
 batch row and the steps at which events fired; a sample's summary is read when it leaves the batch
 (protocol.md, "Retention telemetry"). Everything is computed on tensors already there, by a sort and a
-few reductions of the kept positions (nothing the size of the sequence), so it is always on.
+few reductions of the kept positions (one count of holders per position seen), so it is always on.
 
 - prompt survival: per layer, the share of the prompt's positions held (kept or in the buffer) by at
   least one KV head, and by every KV head;
@@ -53,25 +53,22 @@ def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Te
     """(prompt_any [B, L], prompt_all [B, L], coverage [B, L], by_age [B, AGE_BUCKETS]) of one event, from
     the kept candidate positions ``kept`` [L, B, Hkv, k] after ``step`` tokens with buffer ``buffer``."""
     layers, batch, heads, k = kept.shape
-    ordered = kept.reshape(layers, batch, heads * k).sort(dim=-1).values
-    first = torch.ones_like(ordered, dtype=torch.bool)  # the first of each run of equal positions
-    first[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
-    coverage = first.sum(dim=-1) / (heads * k)
-    # A KV head holds a position at most once, so a position all Hkv heads hold is a run of Hkv equal
-    # values: counted once, at the run's start.
-    in_prompt = ordered < prompt_len
-    every = torch.zeros_like(in_prompt)
-    every[..., : heads * k - heads + 1] = ordered[..., heads - 1 :] == ordered[..., : heads * k - heads + 1]
-    in_buffer = max(0, prompt_len - (step - buffer))  # prompt positions still in the buffer: every head's
+    span = step - buffer  # the positions that have been candidates: every kept one is below it
+    flat = kept.reshape(layers, batch, heads * k)
+    # how many KV heads hold each position (a head holds a position at most once): one scatter
+    holders = torch.zeros(layers, batch, span, dtype=torch.int16, device=kept.device)
+    holders.scatter_add_(-1, flat, torch.ones_like(flat, dtype=torch.int16))
+    coverage = (holders > 0).sum(dim=-1) / (heads * k)
+    prompt = holders[..., :prompt_len]
+    in_buffer = max(0, prompt_len - span)  # prompt positions still in the buffer: held by every head
     share = max(prompt_len, 1)
-    prompt_any = ((first & in_prompt).sum(dim=-1) + in_buffer) / share
-    prompt_all = ((every & in_prompt & first).sum(dim=-1) + in_buffer) / share
-    span = step - buffer  # positions that have been candidates
-    bucket = (kept.reshape(layers, batch, heads * k) * AGE_BUCKETS // max(span, 1)).clamp_(0, AGE_BUCKETS - 1)
+    prompt_any = ((prompt > 0).sum(dim=-1) + in_buffer) / share
+    prompt_all = ((prompt == heads).sum(dim=-1) + in_buffer) / share
+    bucket = (flat * AGE_BUCKETS).div_(max(span, 1), rounding_mode="floor")
     counts = torch.zeros(layers, batch, AGE_BUCKETS, dtype=torch.float32, device=kept.device)
     counts.scatter_add_(-1, bucket, torch.ones_like(bucket, dtype=torch.float32))
     edges = [(a * span + AGE_BUCKETS - 1) // AGE_BUCKETS for a in range(AGE_BUCKETS + 1)]  # ceil(a·span/A)
-    sizes = torch.tensor([hi - lo for lo, hi in zip(edges, edges[1:])], dtype=torch.float32)
+    sizes = torch.tensor([hi - lo for lo, hi in zip(edges, edges[1:], strict=False)], dtype=torch.float32)
     by_age = counts.mean(dim=0) / (heads * sizes.to(kept.device))  # 0/0: a bucket without positions
     return prompt_any.T.float(), prompt_all.T.float(), coverage.T.float(), by_age
 
