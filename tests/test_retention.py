@@ -27,8 +27,8 @@ class Stride(Policy):
 
 def _run(scorer: Policy, protection: str, *, steps: int, prompt: int = 20, budget: int = 24, buffer: int = 4):
     schedule = Schedule(budget=budget, buffer=buffer, protection=protection)  # type: ignore[arg-type]
-    backend = SyntheticBackend(scorer, schedule, synthetic_model(layers=2, q_heads=6, kv_heads=3), prompt_len=prompt,
-                               row_seeds=[0, 1])  # fmt: skip
+    model = synthetic_model(layers=2, q_heads=6, kv_heads=3)
+    backend = SyntheticBackend(scorer, schedule, model, prompt_len=prompt, row_seeds=[0, 1])
     last_event = 0
     for _ in range(steps):
         if backend.step().evicted:
@@ -96,7 +96,7 @@ def test_striding_heads_keep_different_positions_and_the_figures_match_the_sets(
         engine, hand = _engine(backend, row), _by_hand(backend, step, 20, row)
         _same(engine, hand)
         assert all(c > 1 / 3 + 0.2 for c in engine["coverage"])  # heads diversified
-        assert 0 < engine["any"][0] and engine["all"][0] < engine["any"][0]
+        assert engine["any"][0] > 0 and engine["all"][0] < engine["any"][0]
 
 
 def test_a_protected_prompt_survives_in_every_head() -> None:

@@ -89,20 +89,25 @@ def bench_evict(
         times: dict[str, tuple[float, int]] = {}
         without: dict[str, float] = {}
         for name, policy in arms:
-
-            def timed(telemetry: bool, policy: Policy = policy) -> tuple[float, int]:
-                evictor = Evictor(
+            evictors = {
+                on: Evictor(
                     policy,
                     schedule,
                     model,
                     prompt_len=prompt_len,
                     row_seeds=range(batch),
                     calibration=calibration,
-                    telemetry=telemetry,
+                    telemetry=on,
                 )
+                for on in (False, True)
+            }
+
+            shared = {"layer": layer, "step": budget + buffer, "queries": queries}
+
+            def timed(telemetry: bool, evictors=evictors, shared=shared) -> tuple[float, int]:
                 timer = Timer(
                     "evictor.evict([layer], step=step, queries=[queries])",
-                    globals={"evictor": evictor, "layer": layer, "step": budget + buffer, "queries": queries},
+                    globals={**shared, "evictor": evictors[telemetry]},
                 )
                 measurement = timer.blocked_autorange(min_run_time=min_run_time)
                 return measurement.median * 1e3, len(measurement.times)

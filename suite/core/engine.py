@@ -171,9 +171,13 @@ class Evictor:
         indices = [self._keep_index(kv, s) for kv, s in zip(layers, scores, strict=True)]
         if self.retention is not None:
             keep = self.schedule.keep
-            kept = [kv.positions.gather(2, index[..., :keep]) for kv, index in zip(layers, indices, strict=True)]
+            kept = [
+                kv.positions.gather(2, index[..., :keep]) for kv, index in zip(layers, indices, strict=True)
+            ]
             self.retention.record(kept, step)
-        compacted = [kv.compacted(index, self.schedule.buffer) for kv, index in zip(layers, indices, strict=True)]
+        compacted = [
+            kv.compacted(index, self.schedule.buffer) for kv, index in zip(layers, indices, strict=True)
+        ]
         self.stats.events += 1
         self.stats.seconds += time.perf_counter() - started
         return compacted

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,7 +41,7 @@ class Retention:
     by_age: list[float]
     """Per age bucket, oldest first: the kept share of the candidates' (position, KV head) pairs."""
 
-    def record_fields(self) -> dict[str, list[float]]:
+    def record_fields(self) -> dict[str, Any]:
         """The sample record's columns (kvbench.store.records.SampleRecord) holding this summary."""
         return {
             "prompt_held_any": self.prompt_any,
@@ -68,7 +70,7 @@ def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Te
     counts = torch.zeros(layers, batch, AGE_BUCKETS, dtype=torch.float32, device=kept.device)
     counts.scatter_add_(-1, bucket, torch.ones_like(bucket, dtype=torch.float32))
     edges = [(a * span + AGE_BUCKETS - 1) // AGE_BUCKETS for a in range(AGE_BUCKETS + 1)]  # ceil(a·span/A)
-    sizes = torch.tensor([hi - lo for lo, hi in zip(edges, edges[1:], strict=False)], dtype=torch.float32)
+    sizes = torch.tensor([hi - lo for lo, hi in pairwise(edges)], dtype=torch.float32)
     by_age = counts.mean(dim=0) / (heads * sizes.to(kept.device))  # 0/0: a bucket without positions
     return prompt_any.T.float(), prompt_all.T.float(), coverage.T.float(), by_age
 

@@ -12,7 +12,6 @@ from kvbench.errors import UnknownNameError
 from kvbench.specs.loading import StrictSpec, load_spec
 from kvbench.specs.protocol import MAX_TOKENS
 
-
 Depth = Annotated[int, pydantic.Field(ge=0, le=MAX_TOKENS)]
 
 
@@ -34,7 +33,9 @@ class ProbeSource(StrictSpec):
 
     @pydantic.field_validator("depth")
     @classmethod
-    def _depth_inside_the_trace(cls, depth: int | list[int], info: pydantic.ValidationInfo) -> int | list[int]:
+    def _depth_inside_the_trace(
+        cls, depth: int | list[int], info: pydantic.ValidationInfo
+    ) -> int | list[int]:
         """A needle's depth lies inside the trace: a depth beyond it would lengthen the trace past
         ``length`` (the task's N_avg) without a word. The exact room, which depends on how many tokens the
         needle and the query take, is checked when a model's tokenizer lays the probe out."""
@@ -43,7 +44,9 @@ class ProbeSource(StrictSpec):
             if not depth:
                 raise ValueError("`depth` lists no depth: give one number, or a list of at least one")
             if probe == "fidelity":
-                raise ValueError(f"a fidelity probe has no needle, so `depth` ({depth}) is never read: remove it")
+                raise ValueError(
+                    f"a fidelity probe has no needle, so `depth` ({depth}) is never read: remove it"
+                )
             for each in depth:
                 cls._depth_inside_the_trace(each, info)
             return depth

@@ -19,7 +19,8 @@ def _sql_mean(database: Path, policy: str, column: str) -> float:
     try:
         (value,) = con.execute(
             f"SELECT avg(v) FROM (SELECT unnest(s.{column}) AS v FROM samples s JOIN runs r USING (run_id) "
-            "WHERE r.model = 'tiny-qwen3' AND r.protocol = 'protect-prompt' AND r.ratio = 2 AND r.policy = ?)",
+            "WHERE r.model = 'tiny-qwen3' AND r.protocol = 'protect-prompt' AND r.ratio = 2 "
+            "AND r.policy = ?)",
             [policy],
         ).fetchone()
     finally:
@@ -33,7 +34,9 @@ def test_the_retention_view_shows_each_policy_beside_the_null(board_db: Path, mo
     rows = {r["policy"]: r for r in view.dataframe[0].value.to_dict("records")}
     assert {"streaming", "snapkv", "random (null)"} <= set(rows)
     for label, policy in (("streaming", "streaming"), ("snapkv", "snapkv"), ("random (null)", "random")):
-        assert rows[label]["coverage"] == pytest.approx(_sql_mean(board_db, policy, "head_coverage"), rel=1e-6)
+        assert rows[label]["coverage"] == pytest.approx(
+            _sql_mean(board_db, policy, "head_coverage"), rel=1e-6
+        )
         assert rows[label]["prompt held (every head)"] == pytest.approx(
             _sql_mean(board_db, policy, "prompt_held_all"), rel=1e-6
         )

@@ -18,14 +18,16 @@ def test_each_depth_stores_the_events_between_its_fact_and_its_question(tiny: Lo
     budget, buffer = cell.schedule().budget, cell.schedule().buffer
     found = []
     for problem in cell_problems(cell, backend):
-        prompt, continuation, where = encode_problem(problem, backend)
+        prompt, _, where = encode_problem(problem, backend)
         needle_end = len(prompt) + max(where["needle"])
         question = len(prompt) + where["query"][0]
         # events fire once the cache holds K + B, 2B more, ...: tokens seen K + jB while nothing was left
         # out of the cache before the first event (the prompt is shorter than K + B here)
         assert len(prompt) < budget + buffer
         expected = sum(
-            1 for j in range(1, 1000) if needle_end < budget + (j - 1) * buffer and budget + j * buffer <= question
+            1
+            for j in range(1, 1000)
+            if needle_end < budget + (j - 1) * buffer and budget + j * buffer <= question
         )
         (row,) = ProbeTaskSource().score(cell, backend, problem, [7], None, Graders())
         assert row.needle_events == expected, problem.depth
