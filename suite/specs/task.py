@@ -23,33 +23,23 @@ class ProbeSource(StrictSpec):
     problems: int = pydantic.Field(gt=0, le=1 << 20)
     length: int = pydantic.Field(gt=0, le=MAX_TOKENS)
     """Tokens of the teacher-forced trace (prompt excluded): the task's N_avg."""
-    depth: Depth | list[Depth] = 0
+    depth: Depth = 0
     """Filler tokens between the needle and its query (needle probes), inside the trace of ``length``
-    tokens beside the needle, the query and the answer. A list varies the distance: problem i takes
-    depth[i mod len(depth)] (the recall-against-eviction-events figure reads such a task)."""
+    tokens beside the needle, the query and the answer."""
+    depths: list[Depth] | None = pydantic.Field(default=None, min_length=1, exclude_if=lambda v: v is None)
+    """Instead of ``depth``, several: problem i takes depths[i mod len(depths)], so that recall can be read
+    against the distance (left out of the identity when not given: runs stored before it keep theirs)."""
     pin_heads: int | None = pydantic.Field(default=None, ge=0)
     """planted-fact ablation: protect the needle's slots in exactly this many KV heads of every layer."""
     seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
 
     @pydantic.field_validator("depth")
     @classmethod
-    def _depth_inside_the_trace(
-        cls, depth: int | list[int], info: pydantic.ValidationInfo
-    ) -> int | list[int]:
+    def _depth_inside_the_trace(cls, depth: int, info: pydantic.ValidationInfo) -> int:
         """A needle's depth lies inside the trace: a depth beyond it would lengthen the trace past
         ``length`` (the task's N_avg) without a word. The exact room, which depends on how many tokens the
         needle and the query take, is checked when a model's tokenizer lays the probe out."""
         probe, length = info.data.get("probe"), info.data.get("length")
-        if isinstance(depth, list):
-            if not depth:
-                raise ValueError("`depth` lists no depth: give one number, or a list of at least one")
-            if probe == "fidelity":
-                raise ValueError(
-                    f"a fidelity probe has no needle, so `depth` ({depth}) is never read: remove it"
-                )
-            for each in depth:
-                cls._depth_inside_the_trace(each, info)
-            return depth
         if probe == "fidelity" and depth:
             raise ValueError(f"a fidelity probe has no needle, so `depth` ({depth}) is never read: remove it")
         if probe is not None and length is not None and depth >= length:
@@ -62,9 +52,22 @@ class ProbeSource(StrictSpec):
             )
         return depth
 
+    @pydantic.field_validator("depths")
+    @classmethod
+    def _depths_instead_of_depth(
+        cls, depths: list[int] | None, info: pydantic.ValidationInfo
+    ) -> list[int] | None:
+        if depths is None:
+            return None
+        if info.data.get("depth"):
+            raise ValueError("give `depth` or `depths`, not both: remove `depth`")
+        for depth in depths:
+            cls._depth_inside_the_trace(depth, info)
+        return depths
+
     def depth_of(self, index: int) -> int:
         """The depth of problem ``index``."""
-        return self.depth[index % len(self.depth)] if isinstance(self.depth, list) else self.depth
+        return self.depths[index % len(self.depths)] if self.depths is not None else self.depth
 
     @pydantic.field_validator("pin_heads")
     @classmethod
