@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kvbench.core.contract import ModelFacts, Need, Policy
 from kvbench.core.engine import PinnedSlots
+from kvbench.core.retention import Retention
 from kvbench.core.schedule import ProtectedPrefix, Schedule
 from kvbench.errors import UnknownNameError
 
@@ -59,6 +60,9 @@ class Sample:
     finish_reason: Literal["stop", "length"]
     evictions: int
     """Eviction events that happened while this sample was decoding."""
+    retention: Retention | None = None
+    """What its cache kept at its last eviction event (None without one, or from a backend that does not
+    report it)."""
 
     @property
     def generated(self) -> int:
@@ -125,6 +129,11 @@ class TeacherForced:
     high_precision_survival: Tensor | None = None
     """[k, L, Hkv] share of the watched positions held in the model's precision (mixed-precision caches)."""
     kv_budget: KVBudget | None = None
+    retention: list[Retention | None] | None = None
+    """Per row: what its cache kept at the last eviction event."""
+    watched_events: int | None = None
+    """With a Watch: the eviction events at which every watched position was a candidate, before the
+    watch's moment (the evictions a needle lived through before its question)."""
 
     def against_full(self) -> tuple[Tensor, Tensor]:
         """(kl_to_full, top1_agrees_with_full), which only a teacher-forced pass with a reference has."""

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from kvbench.errors import StorageError
-from kvbench.leaderboard import analysis, charts, downloads, permalink, queries
+from kvbench.leaderboard import analysis, charts, downloads, permalink, queries, retention
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
 from kvbench.leaderboard.display import MISSING
@@ -32,6 +32,7 @@ VIEWS = [
     "Leaderboard",
     "Head-to-head",
     "Budget curves",
+    "Retention",
     "Efficiency",
     "Policy",
     "Provenance",
@@ -73,6 +74,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
         h2h.head_to_head,
         downloads.sample_count,
         analysis.value_analyses,
+        retention.retention_figures,
     )
 }
 
@@ -144,6 +146,8 @@ def _page(database: Path, public: bool) -> None:
         _head_to_head_view(query, table, chosen)
     with views["Budget curves"]:
         _curves_view(query, chosen)
+    with views["Retention"]:
+        retention.retention_view(query, table)
     with views["Efficiency"]:
         _efficiency_view(query, chosen.model, table, public)
     with views["Policy"]:

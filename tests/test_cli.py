@@ -95,6 +95,18 @@ def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
     assert rows["random"]["ratio_to_random"] == 1.0
     assert all(r["ms_per_event"] > 0 for r in rows.values())
     assert report["machine"]["cpu_count"] >= 1 and "× random" in result.stdout
+    assert all(r["telemetry_ratio"] is None for r in rows.values())  # timed with it off only when asked
+
+
+def test_bench_evict_times_the_retention_telemetry_on_and_off(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = kvbench(
+        *("bench", "evict", "--policy", "random", "--batch", "2", "--budget", "256", "--buffer", "32"),
+        *("--min-time", "0.01", "--telemetry-cost", "--json", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["telemetry_ratio"] > 0 and "telemetry on / off" in result.stdout
 
 
 @pytest.mark.parametrize("args", [["list", "widgets"], ["nonsense"]])

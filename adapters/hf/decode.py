@@ -111,7 +111,8 @@ def generate(
         for i, row in enumerate(rows):
             if i not in keep:
                 reason: Literal["stop", "length"] = "stop" if stopped[i] else "length"
-                finished[row] = Sample(tokens[row], "", reason, cache.evictor.stats.events)
+                retention = cache.evictor.retention.row(i) if cache.evictor.retention is not None else None
+                finished[row] = Sample(tokens[row], "", reason, cache.evictor.stats.events, retention)
         if not keep:
             break
         if len(keep) < len(rows):

@@ -130,6 +130,10 @@ def teacher_force(
         full_logprobs = torch.cat(predictions[1], dim=1)
         kl = (full_logprobs.exp() * (full_logprobs - policy_logprobs)).sum(dim=-1)
         agree = full_logprobs.argmax(dim=-1) == policy_logprobs.argmax(dim=-1)
+    log = policy_cache.evictor.retention
+    watched = None
+    if log is not None and watch is not None and watch.positions:
+        watched = log.events_between(max(watch.positions), len(prompt_ids) + watch.at)
     return TeacherForced(
         logprobs=policy_logprobs.gather(-1, targets).squeeze(-1),
         greedy_match=policy_logprobs.argmax(dim=-1) == cont,
@@ -141,6 +145,8 @@ def teacher_force(
         survival=survival[0],
         high_precision_survival=survival[1],
         kv_budget=policy_cache.budget,
+        retention=[log.row(i) for i in range(k)] if log is not None else None,
+        watched_events=watched,
     )
 
 

@@ -6,6 +6,8 @@ policy runs on the same tensors in the same process; times are medians (torch.ut
 CUDA events around each event on a GPU) and are reported with their ratio to ``random`` (the cheapest
 sensible policy: one draw, one top-k, one gather) and beside the copy floor: the bytes the compaction
 must read and write, over the device's copy bandwidth measured here.
+With ``telemetry_cost`` every policy is also timed with the retention telemetry off (kvbench.core.retention),
+interleaved with the run that has it on, and the ratio of the two is reported.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class EvictTiming:
     """Bytes one event must read and write at least: the K kept slots' keys, values and positions."""
     copy_floor_ms: float = 0.0
     """``bytes_moved`` over the device's measured copy bandwidth: no eviction of K slots is faster."""
+    telemetry_ratio: float | None = None
+    """With ``telemetry_cost``: ms per event with the retention telemetry over ms without it."""
 
 
 def _layer(
@@ -99,6 +103,7 @@ def bench_evict(
     layers: int = 1,
     device: str = "cpu",
     bandwidth_bytes: int = 1 << 28,
+    telemetry_cost: bool = False,
 ) -> list[EvictTiming]:
     """``isolated`` scorer files (FILE.py:Class) are timed twice: in this process and in their own process
     behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event.
@@ -137,22 +142,50 @@ def bench_evict(
         # the K kept slots' keys and values (and int64 positions), read once and written once, per layer
         moved = 2 * layers * batch * kv_heads * budget * (2 * head_dim * element + 8)
         times: dict[str, tuple[float, int]] = {}
+        without: dict[str, float] = {}
         for name, policy in arms:
-            evictor = Evictor(
-                policy,
-                schedule,
-                model,
-                prompt_len=prompt_len,
-                row_seeds=range(batch),
-                calibration=calibration,
-            )
-            event = functools.partial(
-                evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
-            )
-            times[name] = median_ms(event, where, min_run_time)
+            evictors = {
+                on: Evictor(
+                    policy,
+                    schedule,
+                    model,
+                    prompt_len=prompt_len,
+                    row_seeds=range(batch),
+                    calibration=calibration,
+                    telemetry=on,
+                )
+                for on in (False, True)
+            }
+
+            events = {
+                on: functools.partial(
+                    evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
+                )
+                for on, evictor in evictors.items()
+            }
+
+            def timed(telemetry: bool, events: dict[bool, Callable] = events) -> tuple[float, int]:
+                return median_ms(events[telemetry], where, min_run_time)
+
+            if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
+                pairs = [(timed(False)[0], timed(True)) for _ in range(2)]
+                without[name] = min(off for off, _ in pairs)
+                times[name] = min((on for _, on in pairs), key=lambda t: t[0])
+            else:
+                times[name] = timed(True)
         base = times["random"][0]
         results += [
-            EvictTiming(n, batch, ms, ms / base, runs, layers, moved, moved / bandwidth * 1e3)
+            EvictTiming(
+                n,
+                batch,
+                ms,
+                ms / base,
+                runs,
+                layers,
+                moved,
+                moved / bandwidth * 1e3,
+                ms / without[n] if n in without else None,
+            )
             for n, (ms, runs) in times.items()
         ]
     return results

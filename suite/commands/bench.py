@@ -32,6 +32,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="FILE.py:Class",
         help="also time this scorer file in its own process behind the sandbox, beside in this process",
     )
+    evict.add_argument(
+        "--telemetry-cost",
+        action="store_true",
+        help="also time every policy with the retention telemetry off, and report the ratio (on / off)",
+    )
     evict.add_argument("--json", help="also write the results and the machine to this file")
     evict.set_defaults(func=bench_evict_command)
 
@@ -145,14 +150,18 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         isolated=args.isolated,
         layers=args.layers,
         device=args.device,
+        telemetry_cost=args.telemetry_cost,
     )
     table = Table(
         title=f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
         f"B={args.buffer} {args.dtype} on {args.device}"
     )
-    for column in ("policy", "batch", "ms / event", "× random", "copy floor ms", "runs"):
+    columns = ["policy", "batch", "ms / event", "× random", "copy floor ms", "runs"]
+    columns += ["telemetry on / off"] if args.telemetry_cost else []
+    for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
+        cost = [f"{r.telemetry_ratio:.3f}"] if r.telemetry_ratio is not None else []
         table.add_row(
             r.policy,
             str(r.batch),
@@ -160,6 +169,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
             f"{r.ratio_to_random:.2f}",
             f"{r.copy_floor_ms:.3f}",
             str(r.runs),
+            *cost,
         )
     machine = describe_machine()
     console.print(table)

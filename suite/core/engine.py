@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kvbench.core.contract import EvictionView, ModelFacts, Policy, StepView
 from kvbench.core.mixed_kv import Slots
+from kvbench.core.retention import RetentionLog
 from kvbench.core.schedule import ProtectedPrefix, Schedule
 from kvbench.core.seeding import eviction_seed, generator
 from kvbench.errors import BudgetError, CapabilityError, KvbenchError, PolicyOutputError, ScorerError
@@ -97,7 +98,10 @@ class Evictor:
         row_seeds: Sequence[int],
         calibration: Any = None,
         pinned: PinnedSlots | None = None,
+        telemetry: bool = True,
     ) -> None:
+        """``telemetry``: summarize what each event kept (kvbench.core.retention); off only to measure
+        its cost."""
         if "calibration" in policy.needs and calibration is None:
             raise CapabilityError(
                 f"policy {policy.name!r} needs calibration statistics for model {model.name!r}: "
@@ -115,6 +119,7 @@ class Evictor:
         self.calibration = calibration
         self.pinned = pinned
         self.stats = EvictionStats(protected=schedule.protected_prefix(prompt_len))
+        self.retention = RetentionLog(prompt_len, schedule.buffer) if telemetry else None
         if pinned is not None and self.stats.protected.count + len(pinned.positions) >= schedule.keep:
             raise BudgetError(
                 f"{len(pinned.positions)} pinned and {self.stats.protected.count} protected slots leave the "
@@ -127,6 +132,8 @@ class Evictor:
     def select_rows(self, rows: Sequence[int]) -> None:
         """Rows ``rows`` stay in the batch (the others finished); their seeds keep their meaning."""
         self.row_seeds = [self.row_seeds[r] for r in rows]
+        if self.retention is not None:
+            self.retention.select_rows(rows)
 
     def observe(self, layer: int, layer_kv: Slots, attention: Tensor, step: int) -> None:
         """Pass one layer's step attention [B, Hq, q, S] to a policy that asked for it."""
@@ -161,9 +168,15 @@ class Evictor:
         if self.policy.layer_reduce == "mean":
             shared = torch.stack(scores).mean(dim=0)
             scores = [shared] * len(layers)
-        headroom = self.schedule.buffer
+        indices = [self._keep_index(kv, s) for kv, s in zip(layers, scores, strict=True)]
+        if self.retention is not None:
+            keep = self.schedule.keep
+            kept = [
+                kv.positions.gather(2, index[..., :keep]) for kv, index in zip(layers, indices, strict=True)
+            ]
+            self.retention.record(kept, step)
         compacted = [
-            kv.compacted(self._keep_index(kv, s), headroom) for kv, s in zip(layers, scores, strict=True)
+            kv.compacted(index, self.schedule.buffer) for kv, index in zip(layers, indices, strict=True)
         ]
         self.stats.events += 1
         self.stats.seconds += time.perf_counter() - started

@@ -40,6 +40,8 @@ class ProbeProblem:
     problem_id: str
     stub: str
     pieces: tuple[Piece, ...]
+    depth: int = 0
+    """Filler tokens between the needle and its query (0 without a needle)."""
 
     def encoded(self, backend: Any) -> list[int]:
         """The stub's token ids on ``backend`` (the prompt, before the teacher-forced continuation)."""
@@ -84,7 +86,7 @@ def needle_problem(
         Piece("query", query),
         Piece("answer", " " + value),
     )
-    return ProbeProblem(f"{kind}-{seed}-{index}", STUB, pieces)
+    return ProbeProblem(f"{kind}-{seed}-{index}", STUB, pieces, depth)
 
 
 def fidelity_problem(

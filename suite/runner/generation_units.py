@@ -80,6 +80,7 @@ class HubSource(TaskSource):
                     wall_seconds=seconds,
                     **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
                     **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
+                    **(sample.retention.record_fields() if sample.retention is not None else {}),
                 )
             )
         return rows

@@ -101,7 +101,11 @@ class ProbeTaskSource(TaskSource):
                     measured["needle_survival_by_head"] = held.flatten().tolist()
                 if result.high_precision_survival is not None:
                     measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
-                secondary = {"answer_tokens": len(answer), "depth": source.depth}
+                measured["needle_events"] = result.watched_events
+                secondary = {"answer_tokens": len(answer), "depth": problem.depth}
+            retention = result.retention[i] if result.retention is not None else None
+            if retention is not None:
+                measured.update(retention.record_fields())
             rows.append(
                 SampleRecord(
                     run_id=cell.run_id,
@@ -142,7 +146,7 @@ def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[Pro
         ]
     return [
         needle_problem(
-            kind, i, seed=source.seed, length=source.length, depth=source.depth, count_tokens=count
+            kind, i, seed=source.seed, length=source.length, depth=source.depth_of(i), count_tokens=count
         )
         for i in range(total)
     ]

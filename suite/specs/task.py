@@ -12,6 +12,8 @@ from kvbench.errors import UnknownNameError
 from kvbench.specs.loading import StrictSpec, load_spec
 from kvbench.specs.protocol import MAX_TOKENS
 
+Depth = Annotated[int, pydantic.Field(ge=0, le=MAX_TOKENS)]
+
 
 class ProbeSource(StrictSpec):
     """Seeded synthetic probes (EVALUATION.md, "Probes"), teacher-forced through the decode path."""
@@ -21,9 +23,12 @@ class ProbeSource(StrictSpec):
     problems: int = pydantic.Field(gt=0, le=1 << 20)
     length: int = pydantic.Field(gt=0, le=MAX_TOKENS)
     """Tokens of the teacher-forced trace (prompt excluded): the task's N_avg."""
-    depth: int = pydantic.Field(default=0, ge=0, le=MAX_TOKENS)
+    depth: Depth = 0
     """Filler tokens between the needle and its query (needle probes), inside the trace of ``length``
     tokens beside the needle, the query and the answer."""
+    depths: list[Depth] | None = pydantic.Field(default=None, min_length=1, exclude_if=lambda v: v is None)
+    """Instead of ``depth``, several: problem i takes depths[i mod len(depths)], so that recall can be read
+    against the distance (left out of the identity when not given: runs stored before it keep theirs)."""
     pin_heads: int | None = pydantic.Field(default=None, ge=0)
     """planted-fact ablation: protect the needle's slots in exactly this many KV heads of every layer."""
     seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
@@ -46,6 +51,23 @@ class ProbeSource(StrictSpec):
                 "same proportions)"
             )
         return depth
+
+    @pydantic.field_validator("depths")
+    @classmethod
+    def _depths_instead_of_depth(
+        cls, depths: list[int] | None, info: pydantic.ValidationInfo
+    ) -> list[int] | None:
+        if depths is None:
+            return None
+        if info.data.get("depth"):
+            raise ValueError("give `depth` or `depths`, not both: remove `depth`")
+        for depth in depths:
+            cls._depth_inside_the_trace(depth, info)
+        return depths
+
+    def depth_of(self, index: int) -> int:
+        """The depth of problem ``index``."""
+        return self.depths[index % len(self.depths)] if self.depths is not None else self.depth
 
     @pydantic.field_validator("pin_heads")
     @classmethod

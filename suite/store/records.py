@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kvbench.specs.resolved import ResolvedSpec
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
 
 
@@ -110,6 +110,19 @@ class SampleRecord(_Record):
     cache's tensors."""
     eviction_seconds: float
     """Time spent choosing what to evict, this sample's share of its batch."""
+    prompt_held_any: Annotated[list[float] | None, FLOATS] = None
+    """Per layer, after the sample's last eviction event: the share of the prompt's tokens held by at least
+    one KV head (None without an event; protocol.md, "Retention telemetry")."""
+    prompt_held_all: Annotated[list[float] | None, FLOATS] = None
+    """Per layer, after the last event: the share of the prompt's tokens held by every KV head."""
+    head_coverage: Annotated[list[float] | None, FLOATS] = None
+    """Per layer, at the last event: |union of the KV heads' kept positions| / (Hkv · (K − B)); 1/Hkv when
+    every head kept the same tokens."""
+    kept_by_age: Annotated[list[float] | None, FLOATS] = None
+    """At the last event: the kept share of the candidates' (position, KV head) pairs in ten equal age
+    buckets of the positions that have been candidates, oldest first, averaged over layers."""
+    needle_events: Annotated[int, INT32] | None = None
+    """Needle probes: the eviction events at which the whole needle was a candidate before its question."""
     secondary: Annotated[dict[str, Any], JSON] = pydantic.Field(default_factory=dict)
     """Further per-task details no table reads (grader detail, token counts, probe depth)."""
     output: str | None

@@ -45,15 +45,19 @@ ADDED_IN_6 = ("needle_survival", "needle_whole_layers", "needle_survival_by_head
 """Columns schema 6 added; older shards read them as missing (None)."""
 ADDED_IN_8 = ("needle_high_precision", "kv_budget_tokens", "kv_budget_bytes", "kv_peak_bytes")
 """Columns schema 8 added (mixed precision and the budget's bytes); older shards read them as missing."""
+ADDED_IN_9 = ("prompt_held_any", "prompt_held_all", "head_coverage", "kept_by_age", "needle_events")
+"""Columns schema 9 added (retention telemetry); older shards read them as missing."""
 _REQUIRED = [
-    name for name in SAMPLE_SCHEMA.names if name not in (*_PROMOTED.values(), *ADDED_IN_6, *ADDED_IN_8)
+    name
+    for name in SAMPLE_SCHEMA.names
+    if name not in (*_PROMOTED.values(), *ADDED_IN_6, *ADDED_IN_8, *ADDED_IN_9)
 ]
 
 
 def upgrade(table: pa.Table) -> pa.Table:
     """A shard's rows in the current sample schema: a shard written before its measurements became columns
     (schema 4) has them moved out of ``secondary``, values unchanged; columns added later (schema 6's
-    needle survival, schema 8's budget bytes) read as missing."""
+    needle survival, schema 8's budget bytes, schema 9's retention telemetry) read as missing."""
     if set(SAMPLE_SCHEMA.names) <= set(table.column_names):
         return table.select(SAMPLE_SCHEMA.names).cast(SAMPLE_SCHEMA)
     rows = table.to_pylist()

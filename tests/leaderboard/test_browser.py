@@ -162,3 +162,19 @@ def test_a_permalink_opens_the_head_to_head_it_names(served: str, browser: Brows
     assert all(f"{k}={urllib.parse.quote_plus(v)}" in page.url for k, v in query.items()), page.url
     page.screenshot(path=str(ARTIFACTS / "leaderboard-head-to-head.png"), full_page=True)
     page.context.close()
+
+
+@pytest.mark.slow
+def test_the_retention_view_renders_its_table_and_figures(served: str, browser: Browser) -> None:
+    page = fresh_page(browser)
+    page.goto(f"{served}/?{urllib.parse.urlencode({'compression': '2x', 'view': 'Retention'})}")
+    panel = page.get_by_role("tabpanel", name="Retention")
+    grid = panel.get_by_test_id("stDataFrame").first
+    grid.locator("[role=gridcell]").filter(has_text="random (null)").first.wait_for(
+        state="attached", timeout=90_000
+    )
+    assert "streaming" in grid.text_content() and "snapkv" in grid.text_content()
+    panel.get_by_test_id("stPlotlyChart").nth(4).wait_for(state="attached", timeout=30_000)
+    assert panel.get_by_test_id("stPlotlyChart").count() == 5  # four list figures and recall by events
+    page.screenshot(path=str(ARTIFACTS / "leaderboard-retention.png"), full_page=True)
+    page.context.close()

@@ -22,7 +22,7 @@ from kvbench.results.check import outputs_digest
 from kvbench.store import records
 from kvbench.store.ingest import SCHEMA
 from kvbench.store.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
-from kvbench.store.shards import ADDED_IN_6, ADDED_IN_8, upgrade
+from kvbench.store.shards import ADDED_IN_6, ADDED_IN_8, ADDED_IN_9, upgrade
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
@@ -76,17 +76,21 @@ def test_a_schema_5_shard_keeps_its_columns_and_reads_no_survival() -> None:
         eviction_seconds=0.5, output=None, wall_seconds=1.0, answer_logprob=-12.5, no_answer=True,
         grader_version="math-1", needle_survival=0.25, needle_whole_layers=0.5,
         needle_survival_by_head=[0.0, 0.5, 0.25, 0.25], needle_high_precision=0.75, kv_budget_tokens=704,
-        kv_budget_bytes=126976, kv_peak_bytes=150000,
+        kv_budget_bytes=126976, kv_peak_bytes=150000, prompt_held_any=[1.0, 0.5], prompt_held_all=[0.5, 0.25],
+        head_coverage=[0.5, 0.75], kept_by_age=[0.0] * 9 + [1.0], needle_events=3,
     )  # fmt: skip
     table = pa.Table.from_pylist([record.row()], schema=records.SAMPLE_SCHEMA)
     assert upgrade(table).to_pylist() == [record.row()]  # the current schema reads back unchanged
-    v5 = table.drop_columns([*ADDED_IN_6, *ADDED_IN_8])
+    v5 = table.drop_columns([*ADDED_IN_6, *ADDED_IN_8, *ADDED_IN_9])
     (row,) = upgrade(v5).to_pylist()
-    # measured columns kept, survival and budget bytes unknown
-    assert row == record.row() | dict.fromkeys([*ADDED_IN_6, *ADDED_IN_8])
-    v7 = table.drop_columns(list(ADDED_IN_8))
+    # measured columns kept, survival, budget bytes and retention unknown
+    assert row == record.row() | dict.fromkeys([*ADDED_IN_6, *ADDED_IN_8, *ADDED_IN_9])
+    v7 = table.drop_columns([*ADDED_IN_8, *ADDED_IN_9])
     (row,) = upgrade(v7).to_pylist()
-    assert row == record.row() | dict.fromkeys(ADDED_IN_8)
+    assert row == record.row() | dict.fromkeys([*ADDED_IN_8, *ADDED_IN_9])
+    v8 = table.drop_columns(list(ADDED_IN_9))
+    (row,) = upgrade(v8).to_pylist()
+    assert row == record.row() | dict.fromkeys(ADDED_IN_9)
 
 
 def old_values(database: Path) -> list[tuple[Any, ...]]:

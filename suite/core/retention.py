@@ -1,0 +1,109 @@
+"""Retention telemetry: which positions the KV heads kept at an eviction event, reduced to a few numbers.
+
+At every event the engine hands :class:`RetentionLog` the positions each layer's KV heads kept among the
+candidates ([L, B, Hkv, K − B], the buffer excluded). The log keeps only the last event's summary per
+batch row and the steps at which events fired; a sample's summary is read when it leaves the batch
+(protocol.md, "Retention telemetry"). Everything is computed on tensors already there, by a sort and a
+few reductions of the kept positions (one count of holders per position seen), so it is always on.
+
+- prompt survival: per layer, the share of the prompt's positions held (kept or in the buffer) by at
+  least one KV head, and by every KV head;
+- cross-head coverage: per layer, |union over the KV heads of the kept positions| / (Hkv · (K − B)):
+  1/Hkv when every head kept the same positions, 1 when no two heads share one;
+- survival by age: the positions that have been candidates, [0, step − B), cut into AGE_BUCKETS equal
+  buckets from oldest to newest; per bucket, the share of (position, KV head) pairs kept, averaged over
+  layers (NaN for a bucket holding no position, which only a sequence shorter than AGE_BUCKETS has).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import torch
+from torch import Tensor
+
+AGE_BUCKETS = 10
+
+
+@dataclass(frozen=True)
+class Retention:
+    """One sample's retention at its last eviction event."""
+
+    prompt_any: list[float]
+    """Per layer: the share of prompt positions held by at least one KV head."""
+    prompt_all: list[float]
+    """Per layer: the share of prompt positions held by every KV head."""
+    coverage: list[float]
+    """Per layer: |union of the KV heads' kept positions| / (Hkv · (K − B))."""
+    by_age: list[float]
+    """Per age bucket, oldest first: the kept share of the candidates' (position, KV head) pairs."""
+
+    def record_fields(self) -> dict[str, Any]:
+        """The sample record's columns (kvbench.store.records.SampleRecord) holding this summary."""
+        return {
+            "prompt_held_any": self.prompt_any,
+            "prompt_held_all": self.prompt_all,
+            "head_coverage": self.coverage,
+            "kept_by_age": self.by_age,
+        }
+
+
+def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(prompt_any [B, L], prompt_all [B, L], coverage [B, L], by_age [B, AGE_BUCKETS]) of one event, from
+    the kept candidate positions ``kept`` [L, B, Hkv, k] after ``step`` tokens with buffer ``buffer``."""
+    layers, batch, heads, k = kept.shape
+    span = step - buffer  # the positions that have been candidates: every kept one is below it
+    flat = kept.reshape(layers, batch, heads * k)
+    # how many KV heads hold each position (a head holds a position at most once): one scatter
+    holders = torch.zeros(layers, batch, span, dtype=torch.int16, device=kept.device)
+    holders.scatter_add_(-1, flat, torch.ones_like(flat, dtype=torch.int16))
+    coverage = (holders > 0).sum(dim=-1) / (heads * k)
+    prompt = holders[..., :prompt_len]
+    in_buffer = max(0, prompt_len - span)  # prompt positions still in the buffer: held by every head
+    share = max(prompt_len, 1)
+    prompt_any = ((prompt > 0).sum(dim=-1) + in_buffer) / share
+    prompt_all = ((prompt == heads).sum(dim=-1) + in_buffer) / share
+    bucket = (flat * AGE_BUCKETS).div_(max(span, 1), rounding_mode="floor")
+    counts = torch.zeros(layers, batch, AGE_BUCKETS, dtype=torch.float32, device=kept.device)
+    counts.scatter_add_(-1, bucket, torch.ones_like(bucket, dtype=torch.float32))
+    edges = [(a * span + AGE_BUCKETS - 1) // AGE_BUCKETS for a in range(AGE_BUCKETS + 1)]  # ceil(a·span/A)
+    sizes = torch.tensor([hi - lo for lo, hi in pairwise(edges)], dtype=torch.float32)
+    by_age = counts.mean(dim=0) / (heads * sizes.to(kept.device))  # 0/0: a bucket without positions
+    return prompt_any.T.float(), prompt_all.T.float(), coverage.T.float(), by_age
+
+
+class RetentionLog:
+    """The last event's summary per batch row, and the step of every event."""
+
+    def __init__(self, prompt_len: int, buffer: int) -> None:
+        self.prompt_len = prompt_len
+        self.buffer = buffer
+        self.steps: list[int] = []
+        """Tokens seen at each event, in order (every row of a batch evicts at the same steps)."""
+        self._last: tuple[Tensor, ...] | None = None
+
+    def record(self, kept: Sequence[Tensor], step: int) -> None:
+        """One event: ``kept[l]`` [B, Hkv, K − B] the positions layer l's KV heads kept."""
+        self.steps.append(step)
+        self._last = summarize(torch.stack(list(kept)), step, self.prompt_len, self.buffer)
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Rows ``rows`` stay in the batch, as the cache's."""
+        if self._last is not None:
+            index = torch.tensor(list(rows), dtype=torch.long, device=self._last[0].device)
+            self._last = tuple(t.index_select(0, index) for t in self._last)
+
+    def row(self, index: int) -> Retention | None:
+        """Batch row ``index``'s summary at the last event; None before the first."""
+        if self._last is None:
+            return None
+        any_, all_, coverage, by_age = (t[index].tolist() for t in self._last)
+        return Retention(any_, all_, coverage, by_age)
+
+    def events_between(self, after: int, until: int) -> int:
+        """Events at which position ``after`` was a candidate (out of the buffer) and which a token at
+        position ``until`` attends after: the evictions a fact at ``after`` lived through before it."""
+        return sum(1 for step in self.steps if step - self.buffer > after and step <= until)
