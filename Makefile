@@ -99,8 +99,12 @@ gpu-check:
 endif
 
 # pytest exits 5 when it collected no test: for kvbench that is a broken test tree, never a pass.
+# The suite runs on every core (pytest-xdist, at most 8 workers: each holds its own torch and models);
+# tests/conftest.py keeps each test file, and each expensive results folder's tests, on one worker.
+# `make test TEST_WORKERS=0` runs it in this one process.
+TEST_WORKERS ?= auto
 test: venv
-	@$(BIN)/python -m pytest; status=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$status
 
 # The CI gate: every built-in policy on the deterministic CPU suite against runs/reference/ci.json.

@@ -3,10 +3,15 @@
 Every test run starts from empty caches of its own (kvbench's converted models, Hugging Face's), so a
 warm developer cache can never hide a missing dependency or a converter change: the embedded model is
 converted from its GGUF file once per test run, exactly as on a new machine.
+
+`make test` spreads the run over the machine's cores with pytest-xdist (``-n auto --dist loadgroup``):
+the workers of one run share those caches, each keeps its test files whole, and the tests of an
+expensive built results folder share one worker, so everything is built once per run as without xdist.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -20,11 +25,34 @@ from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
 
 FRESH_CACHES = (CACHE_ENV, "HF_HOME", "HF_DATASETS_CACHE")
 
+BUILT_ONCE = ("board_db", "small_results", "submission")
+"""Session fixtures that build a results folder through several CLI runs (a minute or more each): under
+xdist, every test using one of them joins that fixture's group, so a single worker builds it."""
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run where torch sees a CUDA device and are reported as skipped elsewhere."""
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker gets its share of the cores for torch (its subprocesses too, through
+    OMP_NUM_THREADS): two workers each running torch on every core would thrash. A thread count the
+    caller set is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None or "OMP_NUM_THREADS" in os.environ:
+        return
     import torch
 
+    threads = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run where torch sees a CUDA device and are reported as skipped elsewhere.
+    Under xdist, each test gets its worker group (see ``xdist_group``)."""
+    import torch
+
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on a GPU machine")
@@ -33,10 +61,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def xdist_group(item: pytest.Item) -> str:
+    """A test's worker group under ``--dist loadgroup``: the fixture of BUILT_ONCE it uses, else its file
+    (a module's fixtures, such as the Ray executor tests' cluster, are then made once and never by two
+    workers at the same time)."""
+    built = [name for name in BUILT_ONCE if name in getattr(item, "fixturenames", ())]
+    return built[0] if built else item.nodeid.split("::")[0]
+
+
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder of this whole test run: shared by its xdist workers (each has a folder of
+    its own inside it), this session's own one without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fresh_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Point kvbench's and Hugging Face's caches at empty folders for this test run (subprocesses too)."""
-    root = tmp_path_factory.mktemp("caches")
+    """Point kvbench's and Hugging Face's caches at empty folders for this test run (subprocesses too).
+    The run's xdist workers share them (kvbench's conversion lands atomically), so the embedded model is
+    still converted once per run."""
+    root = run_folder(tmp_path_factory) / "caches"
+    root.mkdir(exist_ok=True)
     saved = {name: os.environ.get(name) for name in FRESH_CACHES}
     for name in FRESH_CACHES:
         os.environ[name] = str(root / name.lower())
@@ -54,8 +100,11 @@ def tiny() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def smol() -> LoadedModel:
-    return load_model("smollm2-135m")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    # one worker converts the GGUF while another waits for its result, rather than converting it too
+    with (run_folder(tmp_path_factory) / "smollm2.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return load_model("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
