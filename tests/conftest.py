@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+            if item.get_closest_marker("xdist_group") is None:  # a test may name its own group
+                item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on a GPU machine")
