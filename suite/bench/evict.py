@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -157,14 +157,16 @@ def bench_evict(
                 for on in (False, True)
             }
 
-            events = {
+            events: dict[bool, Callable[[], object]] = {
                 on: functools.partial(
                     evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
                 )
                 for on, evictor in evictors.items()
             }
 
-            def timed(telemetry: bool, events: dict[bool, Callable] = events) -> tuple[float, int]:
+            def timed(
+                telemetry: bool, events: Mapping[bool, Callable[[], object]] = events
+            ) -> tuple[float, int]:
                 return median_ms(events[telemetry], where, min_run_time)
 
             if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike

@@ -39,7 +39,8 @@ def test_the_table_has_every_arm_with_values_from_the_samples(board_db: Path, mo
     assert table["snapkv"]["Δ vs null"] == pytest.approx(mean(snap[k] - null[k] for k in null))
     wins, ties, losses = (int(x) for x in table["snapkv"]["W/T/L"].split("/"))
     assert (wins, losses) == (sum(snap[k] > null[k] for k in null), sum(snap[k] < null[k] for k in null))
-    assert wins + ties + losses == 6 and table["snapkv"]["verdict"] in ("beats null", "equivalent", "inconclusive", "loses")
+    badges = ("beats null", "equivalent", "inconclusive", "loses")
+    assert wins + ties + losses == 6 and table["snapkv"]["verdict"] in badges
     assert table["random"]["verdict"] == "null" and table["snapkv"]["K/N_avg"] == pytest.approx(0.5)
     assert "Against the null:" in app.markdown[0].value and ":gray-badge[" in app.markdown[0].value
 
