@@ -328,7 +328,7 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     record["margin"] = test.margin if test else math.nan
     record["MDE"] = effect_text(test.minimum_detectable) if test else MISSING
     needed = test.problems_needed if test and test.verdict == "inconclusive" else None
-    record["problems for 80% power"] = needed if needed is not None else MISSING
+    record["problems for 80% power"] = str(needed) if needed is not None else MISSING  # one type per column
     record["tokens × full"] = arm.lengthening
     record["tokens / correct"] = arm.tokens_per_correct
     record["Δ tokens vs null"] = arm.tokens_vs_baseline.value if arm.tokens_vs_baseline else math.nan

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvbench.leaderboard.display import MISSING
 from kvbench.leaderboard.queries import Table, connect
 from kvbench.specs.resolved import Role
 
@@ -112,7 +113,7 @@ def retention_view(query, table: Table) -> None:
             "(the full cache, or traces shorter than K + B)."
         )
         return
-    st.dataframe(summary(rows), hide_index=True, key="retention_table")
+    st.dataframe(summary(rows), hide_index=True, placeholder=MISSING, key="retention_table")
     st.caption(
         "After each sample's last eviction event, averaged over layers and over the samples of every task "
         "in the table; kept (newest tenth): the kept share of the newest tenth of the candidates."
