@@ -199,7 +199,7 @@ def test_margin_power_and_problems_needed_are_shown(store: Path) -> None:
         cells = display_cells(row)
         if verdict == "inconclusive":
             assert f"{needed} problems for 80% power" in cells[-3]
-            assert shown.loc[policy, "problems for 80% power"] == needed
+            assert shown.loc[policy, "problems for 80% power"] == str(needed)
         assert f"±{MARGIN:g}" in cells[-2]
     # 20 differing problems of 40: the smallest effect 80% power reaches lies between 0 and 0.5
     assert 0.2 < rows["policy-03"]["minimum_detectable_effect"] < 0.5
