@@ -99,14 +99,12 @@ gpu-check:
 endif
 
 # pytest exits 5 when it collected no test: for kvbench that is a broken test tree, never a pass.
-# The suite runs on every core (pytest-xdist, at most 8 workers: each holds its own torch and models);
-# tests/conftest.py keeps each test file, and each expensive results folder's tests, on one worker.
-# `make test TEST_WORKERS=0` runs it in this one process.
-# Default 0 (one process): under xdist, tests that watch the machine's sandbox processes or its one
-# Ray cluster see the other worker's, and fail (seen in a fresh-clone CI run); `TEST_WORKERS=auto` to try.
-TEST_WORKERS ?= 0
+# The suite runs on every core (pytest-xdist, at most 8 workers: each holds its own torch and models); a
+# test file stays on one worker (--dist loadfile), and results folders several files read are built once
+# (tests/built.py). `make test TEST_WORKERS=0` runs it in this one process.
+TEST_WORKERS ?= auto
 test: venv
-	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup; status=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$status
 
 # The CI gate: every built-in policy on the deterministic CPU suite against runs/reference/ci.json.

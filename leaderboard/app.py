@@ -59,6 +59,32 @@ METHOD = (
     "mixed-precision protocol holds more tokens in the same bytes). *verified*: a maintainer re-ran a "
     "sample of the submission's problems (`kvbench verify`); *local*: runs no submission holds."
 )
+# What the table opens with, the verdict pinned beside the policy so that a narrow screen still shows it
+# (a comment: Streamlit's magic would print a bare string here on the page).
+LEADING = ("policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)")
+TRAILING = ("K/N_avg", "problems × samples")
+
+
+def shown_columns(table: queries.Table, wide: bool) -> list[str]:
+    """The main table's columns in display order: the verdict and the score first, then the per-kind
+    averages and the tasks, then the budget; "all columns" adds the rest. The memory columns appear only
+    where they say something: when a table's arms held other than K tokens or paid other than one byte
+    cost per token (mixed precision), never for eviction alone."""
+    columns = list(table.frame.columns)
+    by_kind = [c for c in columns if c.startswith("average (")]
+    memory = [c for c in MEMORY_COLUMNS if c in columns and _memory_informative(table.frame)]
+    shown = [*LEADING, *by_kind, *table.tasks, *TRAILING[:1], *memory, *TRAILING[1:]]
+    if wide:  # "average" itself never: its text twin shows the interval
+        shown += [c for c in columns if c not in shown and c not in MEMORY_COLUMNS and c != "average"]
+    return [c for c in shown if c in columns]
+
+
+def _memory_informative(frame: pd.DataFrame) -> bool:
+    held = frame[["K held/N_avg", "K/N_avg", "bytes/token"]].dropna()
+    more_tokens = (held["K held/N_avg"] - held["K/N_avg"]).abs().gt(0.005).any()
+    return bool(more_tokens or held["bytes/token"].nunique() > 1)
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     f.__name__: f
     for f in (
@@ -217,10 +243,15 @@ def _remember(chosen: Selection) -> None:
 
 
 def _choose(key: str, options: Sequence[str], default: str) -> None:
-    """Start widget ``key`` on ``default`` (or the URL's choice) unless it holds one of ``options``."""
+    """Start widget ``key`` on ``default`` (or the URL's choice) unless it holds one of ``options``. A
+    value the page chose itself follows a new default (a filter that brings a policy back brings it back
+    into the pair); one the visitor chose stays."""
     permalink.from_url(key, options)
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = default
+    state, page_choice = st.session_state, f"{key}:default"
+    current = state.get(key)
+    if current not in options or (current == state.get(page_choice) and current != default):
+        state[key] = default
+    state[page_choice] = default if state[key] == default else None
 
 
 def _table(frame: pd.DataFrame, **config) -> None:
@@ -230,15 +261,18 @@ def _table(frame: pd.DataFrame, **config) -> None:
 def _empty_page(database: Path, public: bool) -> None:
     if public:
         st.info("No results have been published yet.")
-        return
-    st.info(f"No results in {database} yet.")
-    st.markdown(
-        "Produce some, then reload this page:\n\n"
-        "```\nkvbench run                  # SmolLM2 on CPU, a few minutes\n"
-        "kvbench run --suite probes   # every built-in policy at 2x, 4x, 8x\n"
-        "kvbench leaderboard\n```\n"
-        "Results land in `runs/`; this page reads the snapshot `runs/kvbench.snapshot.duckdb`."
-    )
+    else:
+        st.info(f"No results in {database} yet.")
+        st.markdown(
+            "Produce some, then reload this page:\n\n"
+            "```\nkvbench run                  # SmolLM2 on CPU, a few minutes\n"
+            "kvbench run --suite probes   # every built-in policy at 2x, 4x, 8x\n"
+            "kvbench leaderboard\n```\n"
+            f"Results land in `runs/`, and `kvbench leaderboard` reads their snapshot "
+            f"`{DEFAULT_DATABASE}`; this page reads `{database}`."
+        )
+    with st.expander("About kvbench and this leaderboard"):  # what the page would show, and how
+        st.markdown(ABOUT)
 
 
 def _leaderboard_view(table: queries.Table, title: str) -> None:
@@ -248,19 +282,16 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
         return
     if not (table.frame["role"] == Role.POLICY).any():
         st.info("No policy matches these filters; only the baselines are shown.")
+    for note in table.mismatched:  # marked "≠ null" in the table too
+        st.warning(note + ".")
     number = st.column_config.NumberColumn
-    columns = list(table.frame.columns)
-    by_kind = [c for c in columns if c.startswith("average (")]
-    memory = [c for c in MEMORY_COLUMNS if c in columns]
-    first = [c for c in columns if c not in by_kind and c not in memory and c != "average"]
-    if "K/N_avg" in first:  # what the budget held and cost, beside K
-        k_at = first.index("K/N_avg") + 1
-        first = first[:k_at] + memory + first[k_at:]
-    at = first.index("average ± CI") + 1
+    wide = st.toggle("all columns", key="wide", help="margin, MDE, power, token costs, parameters, badges")
     _table(
         table.frame,
-        column_order=first[:at] + by_kind + first[at:],  # "average" itself: its text twin shows the CI
+        column_order=shown_columns(table, wide),
         column_config={
+            "policy": st.column_config.TextColumn(pinned=True),
+            "verdict": st.column_config.TextColumn(pinned=True),
             "average ± CI": st.column_config.TextColumn(help=_pooled_text(table)),
             "Δ vs null": number(format="%+.3f"),
             "Δ vs full": number(format="%+.3f"),
@@ -379,6 +410,11 @@ def _curves_view(query, chosen: Selection) -> None:
             "(e.g. `kvbench run --suite probes`)."
         )
         return
+    if curves["ratio"].nunique() == 1:
+        st.info(
+            "These runs have one compression ratio, so each arm is a point, not a curve: a budget curve "
+            "needs several (`kvbench run --suite probes` runs every built-in policy at 2x, 4x and 8x)."
+        )
     title = f"{model}, {task or 'all tasks pooled'}: {quantity} against compression"
     st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
 

@@ -12,8 +12,10 @@ NULL_BAND = "Random Attention (null) 95% CI"
 
 def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> go.Figure:
     """One line per policy over the compression ratio, the null as a shaded band, full cache as a line."""
-    figure = go.Figure()
     swept = curves[curves["ratio"].notna()].sort_values("ratio")
+    if swept["ratio"].nunique() == 1:
+        return _one_ratio(curves, title, quantity)
+    figure = go.Figure()
     null = swept[swept["role"] == Role.NULL]
     if not null.empty:
         figure.add_trace(
@@ -58,6 +60,39 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
         )
     figure.update_layout(title=title, xaxis_title="compression ratio (N_avg / K)", yaxis_title=quantity)
     figure.update_xaxes(type="log", tickvals=[2, 4, 8, 16], ticktext=["2x", "4x", "8x", "16x"])
+    return figure
+
+
+def _one_ratio(curves: pd.DataFrame, title: str, quantity: str) -> go.Figure:
+    """One ratio has no curve: each arm is a point with its interval, the null's interval a band across
+    them and the full cache a line, so both stay visible."""
+    swept = curves[curves["ratio"].notna()]
+    ratio = float(swept["ratio"].iloc[0])
+    figure = go.Figure(
+        go.Scatter(
+            x=swept["policy"],
+            y=swept["score"],
+            mode="markers",
+            name=f"at {ratio:g}x (95% CI)",
+            marker={"size": 10},
+            error_y={
+                "type": "data",
+                "array": swept["high"] - swept["score"],
+                "arrayminus": swept["score"] - swept["low"],
+            },
+        )
+    )
+    null = swept[swept["role"] == Role.NULL]
+    if not null.empty:
+        low, high = float(null["low"].iloc[0]), float(null["high"].iloc[0])
+        figure.add_hrect(
+            y0=low, y1=high, fillcolor="rgba(120,120,120,0.25)", line_width=0, name=NULL_BAND, showlegend=True
+        )
+    full = curves[curves["role"] == Role.REFERENCE]
+    if not full.empty:
+        score = float(full["score"].iloc[0])
+        figure.add_hline(y=score, line={"dash": "dash", "color": "black"}, name="full cache", showlegend=True)
+    figure.update_layout(title=f"{title} (one ratio: {ratio:g}x)", xaxis_title="policy", yaxis_title=quantity)
     return figure
 
 

@@ -163,6 +163,8 @@ class Table:
     """Task -> EXACT or CONTINUOUS."""
     metrics: dict[str, str] = field(default_factory=dict)
     """Task -> the name of its metric as its spec declares it (when stored)."""
+    mismatched: list[str] = field(default_factory=list)
+    """One sentence per shown arm whose problems are not the null's: what its paired columns rest on."""
 
 
 def _in_table(run: StoredRun, compression: Compression) -> bool:
@@ -221,13 +223,39 @@ def leaderboard(
         | _badges(arm, held)
         for arm in shown
     ]
+    mismatched = _mismatches(shown, tasks, summaries)
+    for record, arm in zip(records, shown, strict=True):
+        if arm.policy in mismatched:
+            record["problems × samples"] += " ≠ null"
     frame = pd.DataFrame.from_records(records)
     keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
     if not frame.empty:
         order = frame.sort_values("average", ascending=False, kind="stable").index
         frame = frame.loc[order].reset_index(drop=True)
         keys = [keys[i] for i in order]
-    return Table(frame, tasks, common, run_ids, keys, kinds, metrics)
+    return Table(frame, tasks, common, run_ids, keys, kinds, metrics, list(mismatched.values()))
+
+
+def _mismatches(arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]) -> dict[str, str]:
+    """Arms (policy -> a sentence) that scored other problems than the null on this table's tasks: their
+    cells average their own problems, while Δ vs null, W/T/L and the verdict pair the shared ones."""
+
+    def problems(arm: ArmResult) -> set[tuple[str, str]]:
+        return {(t, p) for t in tasks if t in arm.runs for p in summaries[arm.runs[t].run_id].scores}
+
+    null = next((a for a in arms if a.role == Role.NULL), None)
+    if null is None:
+        return {}
+    expected = problems(null)
+    found = {}
+    for arm in arms:
+        held = problems(arm)
+        if arm.role != Role.NULL and held != expected:
+            found[arm.policy] = (
+                f"{arm.policy} scored {len(held)} problems and the null {len(expected)}: its cells average "
+                f"its own, while Δ vs null, W/T/L and the verdict pair the {len(held & expected)} both ran"
+            )
+    return found
 
 
 def table_runs(
@@ -317,7 +345,13 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     test = arm.test
     record: dict = {"policy": arm.policy, "role": arm.role}
     for task in tasks:
-        record[task] = _interval(arm.per_task[task]) if task in arm.per_task else MISSING
+        held = len(summaries[arm.runs[task].run_id].scores) if task in arm.runs else 0
+        if task not in arm.per_task:
+            record[task] = MISSING
+        elif held == 1:  # one problem has no spread to show: never "± 0.000"
+            record[task] = f"{arm.per_task[task].value:.3f} (1 problem)"
+        else:
+            record[task] = _interval(arm.per_task[task])
     record["average"] = arm.score.value
     record["average ± CI"] = _interval(arm.score)
     record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == Role.NULL else math.nan)
@@ -335,11 +369,20 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     record["Δ trunc vs null"] = arm.truncation_vs_baseline.value if arm.truncation_vs_baseline else math.nan
     record["Δ vs full"] = arm.vs_full.value if arm.vs_full else math.nan
     record["K/N_avg"] = arm.k_over_n_avg
-    samples = sum(summaries[run.run_id].samples for run in arm.runs.values())
-    problems = sum(len(summaries[run.run_id].scores) for run in arm.runs.values())
-    record["samples × problems"] = f"{samples // max(problems, 1)} × {problems}"
+    record["problems × samples"] = problems_by_samples([summaries[run.run_id] for run in arm.runs.values()])
     record["parameters"] = parameters_text(arm.params)
     return record
+
+
+def problems_by_samples(cells: list[CellSummary]) -> str:
+    """ "problems × samples per problem" over the problems that have a score; the samples counted are
+    those problems' own (a task whose ranked quantity is missing adds neither)."""
+    problems = sum(len(c.scores) for c in cells)
+    per_problem = {round(c.samples / len(c.truncated)) for c in cells if c.scores and c.truncated}
+    if not per_problem:
+        return f"{problems} × 0"
+    low, high = min(per_problem), max(per_problem)
+    return f"{problems} × {low}" if low == high else f"{problems} × {low}–{high}"
 
 
 BADGES = {

@@ -118,6 +118,7 @@ def load_file_policy(path_text: str, class_name: str) -> PolicyRef:
         )
     refuse_builtin_name(cls.name, f"{path}:{class_name}")
     cls.source_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    cls.source_file = path.name  # what a reader knows it by, not the module name imported under
     return PolicyRef(cls, f"file {path}")
 
 
@@ -207,7 +208,7 @@ def policy_documentation(policy: Policy) -> dict[str, Any]:
         "name": policy.name,
         "summary": inspect.getdoc(cls) or "",
         "module_doc": (module.__doc__ or "") if module is not None else "",
-        "module": cls.__module__,
+        "module": f"{cls.source_file} (scorer file)" if cls.source_file else cls.__module__,
         "class": cls.__qualname__,
         # a submission ships a non-built-in scorer's file; `kvbench accept` checks it against this hash
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),

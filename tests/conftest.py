@@ -4,12 +4,11 @@ Every test run starts from empty caches of its own (kvbench's converted models, 
 warm developer cache can never hide a missing dependency or a converter change: the embedded model is
 converted from its GGUF file once per test run, exactly as on a new machine.
 
-`make test` spreads the run over the machine's cores with pytest-xdist (``-n auto --dist loadgroup``):
-the workers of one run share those caches (the embedded model is converted once, under a lock). The
-groups below are meant to keep a file, or the users of one built results folder, on one worker; but
-xdist 3.8 writes the group into ``item._nodeid``, which pytest 9.2 no longer reads, so today they are
-ignored and tests are spread one by one. The suite passes that way (a built folder is then built once
-per worker that needs it); ``--dist loadfile`` is the tested fix still to land.
+`make test` spreads the run over the machine's cores with pytest-xdist (``-n auto --dist loadfile``):
+a test file stays on one worker, so a module's fixtures (the Ray executor tests' cluster) are made once
+and never by two workers at the same time. The workers of one run share those caches (the embedded
+model is converted once, under a lock) and the results folders that several files read
+(``built_once``: the first worker to need one builds it, the others wait for it).
 """
 
 from __future__ import annotations
@@ -22,15 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from built import built_once, run_folder
 from small_run import SMALL_RUN
 
 from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
 
 FRESH_CACHES = (CACHE_ENV, "HF_HOME", "HF_DATASETS_CACHE")
-
-BUILT_ONCE = ("board_db", "small_results", "submission")
-"""Session fixtures that build a results folder through several CLI runs (a minute or more each): under
-xdist, every test using one of them joins that fixture's group, so a single worker builds it."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,37 +43,16 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(threads)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run where torch sees a CUDA device and are reported as skipped elsewhere.
-    Under xdist, each test gets its worker group (see ``xdist_group``)."""
+    """Tests marked ``gpu`` run where torch sees a CUDA device and are reported as skipped elsewhere."""
     import torch
 
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            if item.get_closest_marker("xdist_group") is None:  # a test may name its own group
-                item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on a GPU machine")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def xdist_group(item: pytest.Item) -> str:
-    """A test's worker group under ``--dist loadgroup``: the fixture of BUILT_ONCE it uses, else its file
-    (a module's fixtures, such as the Ray executor tests' cluster, are then made once and never by two
-    workers at the same time)."""
-    built = [name for name in BUILT_ONCE if name in getattr(item, "fixturenames", ())]
-    return built[0] if built else item.nodeid.split("::")[0]
-
-
-def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The temporary folder of this whole test run: shared by its xdist workers (each has a folder of
-    its own inside it), this session's own one without xdist."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -114,8 +89,12 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 @pytest.fixture(scope="session")
 def small_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results folder written by ``SMALL_RUN`` (shards, database, snapshot): copy it before changing it."""
-    root = tmp_path_factory.mktemp("small")
-    kvbench = Path(sys.executable).parent / "kvbench"
-    done = subprocess.run([str(kvbench), *SMALL_RUN], capture_output=True, text=True, cwd=root, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root / "runs"
+
+    def build(root: Path) -> Path:
+        kvbench = Path(sys.executable).parent / "kvbench"
+        command = [str(kvbench), *SMALL_RUN]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return root / "runs"
+
+    return built_once(tmp_path_factory, "small", build)

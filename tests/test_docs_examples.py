@@ -97,13 +97,7 @@ def test_fenced_commands_parse(doc: str, command: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "group",
-    [  # groups of their own under xdist: the two folders are independent and each takes minutes
-        pytest.param("protocol.md", marks=pytest.mark.xdist_group("docs-protocol")),
-        pytest.param("README and site", marks=pytest.mark.xdist_group("docs-site")),
-    ],
-)
+@pytest.mark.parametrize("group", ["protocol.md", "README and site"])
 def test_indented_commands_run_in_order(group: str, tmp_path: Path) -> None:
     """In one scratch folder per group, in reading order: later commands use what earlier ones wrote
     (runs, calibration, a scorer written by `kvbench new-policy`). protocol.md's examples stand alone, so

@@ -6,11 +6,14 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from kvbench.core.schedule import Schedule
 from kvbench.errors import StorageError
+
+if TYPE_CHECKING:  # torch comes with it: commands that never touch a model start without it
+    from kvbench.core.schedule import Schedule
 
 # Piped output is not wrapped at 80 columns: tables stay readable in logs and CI. Text is printed as it
 # is: a policy name, a path or a message with "[/]" or ":smile:" in it is neither Rich markup nor an
@@ -63,6 +66,8 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, budget: int | None =
 
 
 def schedule_from(args: argparse.Namespace) -> Schedule:
+    from kvbench.core.schedule import Schedule
+
     return Schedule(
         budget=args.budget, buffer=args.buffer, protection=args.protection, sinks=args.sinks, order=args.order
     )

@@ -97,6 +97,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_threads_argument(run)
     run.add_argument("--json", type=Path, help="also write the final table to this file")
+    add_wide_argument(run)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=run_command)
 
@@ -140,6 +141,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "log-probability, the share of the needle kept, or the share of layers holding all of it",
     )
     cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
+    add_wide_argument(cmp)
     cmp.set_defaults(func=compare_command)
 
     ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
@@ -180,6 +182,15 @@ class ReportRow:
     """Mean generated tokens over the full cache's on the same problems."""
     tokens_per_correct: float = math.nan
     tokens_vs_null: Estimate | None = None
+
+
+def add_wide_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column in the table (W/T/L, margin and MDE, token costs, Δ vs full); the default fits "
+        "100 columns, and --format json/csv/markdown always has every column",
+    )
 
 
 def _estimate(e, signed: bool = False) -> str:
@@ -225,7 +236,8 @@ def run_command(args: argparse.Namespace) -> int:
     rows = build_report(cells, report.snapshot)
     generated = {c.task.name for c in cells if c.task.grader != "probe"}
     for model, task in dict.fromkeys((r.model, r.task) for r in rows):
-        print_table([r for r in rows if (r.model, r.task) == (model, task)], generated=task in generated)
+        group = [r for r in rows if (r.model, r.task) == (model, task)]
+        print_table(group, generated=task in generated, wide=args.wide)
         print_measured_n_avg([c for c in cells if (c.model.name, c.task.name) == (model, task)])
     print_task_groups(args, cells, rows, report.snapshot)
     wall = time.perf_counter() - started
@@ -324,10 +336,56 @@ def _row(cell: Cell, arm: ArmResult) -> ReportRow:
     )
 
 
-def print_table(group: list[ReportRow], *, generated: bool) -> None:
+def print_table(group: list[ReportRow], *, generated: bool, wide: bool = False) -> None:
     """One model and task: every arm against the null and the full cache, then the sign test's power."""
-    from kvbench.results.compare import effect_text, verdict_text
     from kvbench.results.stats import resolvable_difference
+
+    head = group[0]
+    if wide:
+        _print_wide_table(group, generated)
+    else:
+        _print_compact_table(group)
+    console.print(
+        f"power note: with {head.problems} problems a sign test detects (80% power, 5% level) only policies "
+        f"that win at least {0.5 + resolvable_difference(head.problems):.0%} of the problems they do not tie"
+    )
+
+
+def _print_compact_table(group: list[ReportRow]) -> None:
+    from kvbench.results.compare import COMPACT_HEADER, compact_verdict, plus_minus, power_note
+
+    head = group[0]
+    budgets = sorted({r.budget for r in group if r.role != Role.REFERENCE})
+    k = f"K = {budgets[0]}" if len(budgets) == 1 else "K = " + ", ".join(map(str, budgets))
+    table = Table(
+        title=f"{head.task} on {head.model} ({head.metric}; {k}; Δ vs the null; 95% CI over problems)"
+    )
+    for column in COMPACT_HEADER:
+        table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
+    notes = []
+    for r in group:
+        test = r.null_test
+        if test:
+            notes.append(power_note(r.policy, test.verdict, test.problems_needed, test.margin))
+        table.add_row(
+            r.policy + (f" ({r.role})" if r.role != Role.POLICY else ""),
+            "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}",
+            plus_minus(r.score.value, r.score.low, r.score.high),
+            plus_minus(*_triple(r.vs_null), signed=True),
+            compact_verdict(test.verdict, test.p_adjusted) if test else "—",
+            f"{r.problems} × {r.samples}",
+        )
+    console.print(table)
+    for note in filter(None, notes):
+        console.print(note)
+
+
+def _triple(e: Estimate | None) -> tuple[float | None, float | None, float | None]:
+    return (None, None, None) if e is None else (e.value, e.low, e.high)
+
+
+def _print_wide_table(group: list[ReportRow], generated: bool) -> None:
+    from kvbench.results.compare import effect_text, verdict_text
 
     head = group[0]
     table = Table(
@@ -383,10 +441,6 @@ def print_table(group: list[ReportRow], *, generated: bool) -> None:
             f"{r.problems} × {r.samples}",
         )
     console.print(table)
-    console.print(
-        f"power note: with {head.problems} problems a sign test detects (80% power, 5% level) only policies "
-        f"that win at least {0.5 + resolvable_difference(head.problems):.0%} of the problems they do not tie"
-    )
 
 
 def print_measured_n_avg(group: list[Cell]) -> None:
@@ -418,7 +472,8 @@ def print_task_groups(
         )
         pooled = [r for r in compare(snapshot, filters) if r["task"] in suite.groups]
         if pooled:
-            print_comparison(pooled, f"pooled task groups on {model} (clustered by task and problem)")
+            title = f"pooled task groups on {model} (clustered by task and problem)"
+            print_comparison(pooled, title, wide=args.wide)
 
 
 def validate_command(args: argparse.Namespace) -> int:
@@ -463,20 +518,41 @@ def compare_command(args: argparse.Namespace) -> int:
         return 0
     measured = "" if args.metric == "score" else f" by {args.metric}"
     print_comparison(
-        rows, f"policies against {args.against}{measured} (Holm-corrected sign tests over problems)"
+        rows,
+        f"policies against {args.against}{measured} (Holm-corrected sign tests over problems)",
+        wide=args.wide,
     )
     return 0
 
 
-def print_comparison(rows: list[dict], title: str) -> None:
-    from kvbench.results.compare import HEADER, display_cells
+def print_comparison(rows: list[dict], title: str, *, wide: bool = False) -> None:
+    """Every row in one table of HEADER's columns (``wide``), else a compact table per model, task and
+    runtime, with what an inconclusive row would need printed under it."""
+    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_note
 
-    table = Table(title=title)
-    for column in HEADER:
-        table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
+    if wide:
+        table = Table(title=title)
+        for column in HEADER:
+            table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
+        for r in rows:
+            table.add_row(*display_cells(r))
+        console.print(table)
+        return
+    console.print(title)
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        table.add_row(*display_cells(r))
-    console.print(table)
+        groups.setdefault((r["model"], r["task"], r["protocol"], r["runtime"], r["seed"]), []).append(r)
+    for (model, task, protocol, runtime, seed), group in groups.items():
+        table = Table(title=f"{task} on {model} · {protocol} · {runtime} seed {seed}")
+        for column in COMPACT_HEADER:
+            table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
+        for r in group:
+            table.add_row(*compact_cells(r))
+        console.print(table)
+        for r in group:
+            note = power_note(r["policy"], r["verdict"], r["problems_needed"], r["margin"])
+            if note:
+                console.print(note)
 
 
 def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:

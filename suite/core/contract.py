@@ -227,6 +227,8 @@ class Policy:
     source_sha256: ClassVar[str | None] = None
     """The SHA-256 of the file a scorer was loaded from (None for built-ins and installed packages): part
     of its results' identity, so that an edited file never reuses the old file's results."""
+    source_file: ClassVar[str | None] = None
+    """That file's name, as the leaderboard shows its source (not part of the identity)."""
 
     @property
     def query_window(self) -> int:

@@ -230,7 +230,7 @@ class IsolatedPolicy(Policy):
             "name": name,
             "summary": str(hello.get("summary", "")),
             "module_doc": str(hello.get("module_doc", "")),
-            "module": "isolated scorer file",
+            "module": f"{self.file_name} (isolated scorer file)",
             "class": class_name,
             "source_sha256": self.source_sha256,
             "needs": sorted(self.needs),

@@ -290,6 +290,49 @@ def _signed_interval(row: dict, name: str, fmt: str) -> str:
     return f"{value:+{fmt}} [{low:+{fmt}}, {high:+{fmt}}]"
 
 
+COMPACT_HEADER = ("policy", "K/N_avg", "score ± CI", "Δ ± CI", "verdict (Holm p)", "problems")
+"""The table a terminal shows by default, readable at 100 columns: one model and task per table, the
+baseline named in its title, problems as "problems × samples"; ``--wide`` shows every column of HEADER."""
+SHORT_VERDICTS = {
+    "beats null": "beats",
+    "loses to null": "loses",
+    "equivalent to null": "equivalent",
+    "inconclusive": "inconclusive",
+}
+
+
+def compact_cells(row: dict) -> list[str]:
+    """One comparison row in COMPACT_HEADER's columns; an interval as value ± its half-width."""
+    return [
+        row["policy"],
+        _number(row["k_over_n_avg"], ".2f"),
+        plus_minus(row["score"], row["score_low"], row["score_high"]),
+        plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True),
+        compact_verdict(row["verdict"], row["p_holm"]),
+        f"{row['problems']} × {row['samples_per_problem'] or '—'}",
+    ]
+
+
+def plus_minus(value: float | None, low: float | None, high: float | None, *, signed: bool = False) -> str:
+    if value is None or low is None or high is None or math.isnan(value):
+        return "—"
+    return f"{value:{'+' if signed else ''}.3f} ± {(high - low) / 2:.3f}"
+
+
+def compact_verdict(verdict: str | None, p_holm: float | None) -> str:
+    if p_holm is None:
+        return verdict or "—"
+    return f"{SHORT_VERDICTS.get(verdict or '', verdict)} p={p_holm:.3f}"
+
+
+def power_note(policy: str, verdict: str | None, needed: int | None, margin: float | None) -> str | None:
+    """Under the compact table: what an *inconclusive* arm would need (``--wide`` puts it in a cell)."""
+    if verdict != "inconclusive":
+        return None
+    reach = f"{needed} problems would give 80% power" if needed else "no number of problems gives 80% power"
+    return f"{policy}: inconclusive; {reach} to detect a difference of ±{margin:g}"
+
+
 def verdict_text(verdict: str | None, p_holm: float | None, problems_needed: int | None) -> str:
     """A verdict as people read it: with the sign test's Holm p, and beside *inconclusive* the problems
     that would give the sign test 80% power to detect the margin."""

@@ -27,7 +27,7 @@ from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.plan import Cell
-from kvbench.store.shards import ShardStore
+from kvbench.store.shards import ShardStore, read_manifest, read_records
 
 
 @dataclass
@@ -142,8 +142,9 @@ class _Run:
         for cell in cells:
             store = ShardStore(self.out, cell.run_id)
             store.write_manifest(cell.spec.record(), {**prepared.provenance, **manifest_notes(cell)})
+            smaller = other_limits(self.out, cell)
             for problem_id in self._chosen(cell, prepared):
-                if store.has(problem_id):
+                if store.has(problem_id) or copied(problem_id, smaller, store):
                     timings.reused += 1
                     bar.advance(task)
                 else:
@@ -167,6 +168,35 @@ class _Run:
             timings.eviction += result.eviction
             timings.calibration += result.calibration
         return failures
+
+
+def other_limits(out: Path, cell: Cell) -> list[ShardStore]:
+    """The stored runs of the same cell at another ``--limit``: their identity differs only in the limit,
+    and a problem's samples depend on the problem, never on how many others ran (its seeds come from the
+    protocol seed, task, problem and sample), so a problem they hold is this cell's too."""
+    mine = cell.spec.without("limit")
+    found = []
+    for manifest_path in sorted((out / "shards").glob("*/manifest.json")):
+        manifest = read_manifest(manifest_path)
+        if manifest is None or manifest.get("run_id") == cell.run_id:
+            continue
+        spec = manifest["spec"]
+        if {k: v for k, v in spec.items() if k != "limit"} == mine:
+            found.append(ShardStore(out, manifest["run_id"]))
+    return found
+
+
+def copied(problem_id: str, stores: list[ShardStore], into: ShardStore) -> bool:
+    """Copy ``problem_id``'s samples from the first of ``stores`` that holds them into ``into``, under
+    ``into``'s run id; False when none holds them."""
+    for store in stores:
+        if store.has(problem_id):
+            records = [
+                r.model_copy(update={"run_id": into.run_id}) for r in read_records(store.shard(problem_id))
+            ]
+            into.write(problem_id, records)
+            return True
+    return False
 
 
 def _clock(seconds: float | None) -> str:

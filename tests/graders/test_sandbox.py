@@ -81,8 +81,29 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     listener.close()
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in parentheses may hold spaces
+
+
+def _started_by_another_worker(pid: int) -> bool:
+    """Whether ``pid`` descends from a sibling of this process: another xdist worker of this test run,
+    whose own sandboxes may be running right now. Anything else (this process's, an orphan) counts."""
+    mine, shared_parent = os.getpid(), os.getppid()
+    while pid not in (None, 0, 1, mine):
+        parent = _parent(pid)
+        if parent == shared_parent and shared_parent != 1:
+            return True
+        pid = parent
+    return False
+
+
 def _survivors() -> list[str]:
-    """Host processes still running a sandboxed program (the harness's path is in their command line)."""
+    """Host processes still running a sandboxed program (the harness's path is in their command line),
+    other than those another xdist worker is running now."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -90,7 +111,8 @@ def _survivors() -> list[str]:
                 line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if b"/sandbox/harness.py" in line or b"kvbench-program-" in line:
+            sandboxed = b"/sandbox/harness.py" in line or b"kvbench-program-" in line
+            if sandboxed and not _started_by_another_worker(int(entry.name)):
                 found.append(line.decode(errors="replace"))
     return found
 

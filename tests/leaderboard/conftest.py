@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from built import built_once
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
@@ -34,7 +35,11 @@ def _kvbench(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("board")
+    """The snapshot of those runs: built once per test run, read by several files (read-only)."""
+    return built_once(tmp_path_factory, "board", _build)
+
+
+def _build(root: Path) -> Path:
     (root / "sweep.yaml").write_text(SWEEP)
     _kvbench("run", "--suite", "sweep.yaml", "--quiet", cwd=root)
     _kvbench("run", "--suite", "sweep.yaml", "--protocol", str(MIXED), "--ratio", "4", "--quiet", cwd=root)
@@ -66,3 +71,17 @@ def board_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
     )
     return root / "runs" / "kvbench.snapshot.duckdb"
+
+
+@pytest.fixture(scope="session")
+def one_ratio_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What a first user's runs look like: one compression ratio (the protocol's 4x), and a policy run at
+    a smaller limit than the null beside it (h2o on 1 fidelity problem, snapkv and the null on 2)."""
+
+    def build(root: Path) -> Path:
+        run = ("run", "--model", "tiny-qwen3", "--task", "fidelity", "--samples", "1", "--quiet")
+        _kvbench(*run, "--policy", "snapkv", "--limit", "2", cwd=root)
+        _kvbench(*run, "--policy", "h2o", "--limit", "1", cwd=root)
+        return root / "runs" / "kvbench.snapshot.duckdb"
+
+    return built_once(tmp_path_factory, "one-ratio", build)

@@ -178,3 +178,77 @@ def test_the_retention_view_renders_its_table_and_figures(served: str, browser: 
     assert panel.get_by_test_id("stPlotlyChart").count() == 5  # four list figures and recall by events
     page.screenshot(path=str(ARTIFACTS / "leaderboard-retention.png"), full_page=True)
     page.context.close()
+
+
+def _grid_state(page: Page) -> dict:
+    """The main table's horizontal extent and the column headers the grid has rendered: it renders only
+    the columns in view, so a header listed here is one a reader can see."""
+    return page.evaluate(
+        """() => {
+          const grid = document.querySelector('[data-testid=stDataFrame]');
+          const scroller = grid.querySelector('.dvn-scroller');
+          const heads = [...grid.querySelectorAll('[role=columnheader]')].map(h => h.textContent);
+          return {scroll: scroller.scrollWidth, client: scroller.clientWidth, heads: heads};
+        }"""
+    )
+
+
+@pytest.mark.slow
+def test_the_table_fits_1600_pixels_and_keeps_the_verdict_in_view_at_800(
+    served: str, browser: Browser
+) -> None:
+    for width in (1600, 800):
+        page = browser.new_context(viewport={"width": width, "height": 1000}).new_page()
+        page.goto(served)
+        board = page.get_by_role("tabpanel", name="Leaderboard")
+        board.get_by_text("Against the null").wait_for(timeout=90_000)
+        grid = board.get_by_test_id("stDataFrame")
+        grid.locator("[role=columnheader]").filter(has_text="verdict").first.wait_for(state="attached")
+        state = _grid_state(page)
+        if width == 1600:  # the whole compact table, nothing clipped
+            assert state["scroll"] <= state["client"], state
+            assert state["heads"][:2] == ["policy", "verdict"] and state["heads"][-1] == "problems × samples"
+        else:  # wider than the screen: scrolled to its far end, the pinned policy and verdict stay
+            assert state["scroll"] > state["client"], state
+            page.evaluate(
+                "() => { const s = document.querySelector('.dvn-scroller'); s.scrollLeft = s.scrollWidth; }"
+            )
+            page.wait_for_timeout(500)
+            assert {"policy", "verdict", "problems × samples"} <= set(_grid_state(page)["heads"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"leaderboard-{width}px.png"))
+        page.context.close()
+
+
+@pytest.mark.slow
+def test_one_ratio_shows_points_the_null_band_and_the_full_cache(
+    one_ratio_db: Path, browser: Browser, tmp_path: Path
+) -> None:
+    """After `make run` (one ratio) the budget view draws something visible: a point per arm, the null's
+    band and the full cache's line (plotly's shapes layer), and says that a curve needs more ratios."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [KVBENCH, "leaderboard", "--db", str(one_ratio_db), "--port", str(port)], stdout=log, stderr=log
+    )
+    try:
+        wait_until_healthy(url, server)
+        page = fresh_page(browser)
+        page.goto(f"{url}/?view=Budget+curves")
+        panel = page.get_by_role("tabpanel", name="Budget curves")
+        panel.get_by_text("one compression ratio").wait_for(timeout=90_000)
+        chart = panel.get_by_test_id("stPlotlyChart")
+        points = chart.locator("g.scatterlayer path.point")
+        points.first.wait_for(state="attached", timeout=30_000)
+        assert points.count() == 3  # h2o, snapkv and the null
+        assert chart.locator("g.shape-group path").count() == 2  # the null's band and the full cache's line
+        legend = chart.locator("g.legend").text_content()
+        assert "full cache" in legend and "Random Attention (null) 95% CI" in legend
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "leaderboard-one-ratio.png"), full_page=True)
+        page.context.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from boardtest import chart_traces, frame, open_app, sql_scores
+from boardtest import by_policy, chart_traces, frame, open_app, sql_scores
 from scipy.stats import binomtest
 
 from kvbench.leaderboard.queries import Compression
@@ -104,3 +104,21 @@ def test_a_private_task_is_paired_by_id_only(board_db: Path, monkeypatch) -> Non
 def test_the_same_arm_twice_asks_for_another(board_db: Path, monkeypatch) -> None:
     app = open_app(board_db, monkeypatch, url={"pair_a": "snapkv", "pair_b": "snapkv"})
     assert any("two different arms" in i.value for i in app.info)
+
+
+def test_a_pair_the_page_chose_follows_the_filter_and_one_the_visitor_chose_stays(
+    board_db: Path, monkeypatch
+) -> None:
+    app = open_app(board_db, monkeypatch)
+    pair = lambda: (app.selectbox(key="pair_a").value, app.selectbox(key="pair_b").value)  # noqa: E731
+    first = next(p for p, row in by_policy(app).items() if row["role"] == "policy")  # the table's order
+    assert pair() == (first, "random (null)")  # the first policy against the null
+    app.sidebar.text_input(key="name").set_value("no such policy").run()
+    assert pair() == ("full (full cache)", "random (null)")  # only the baselines are left
+    app.sidebar.text_input(key="name").set_value("").run()
+    assert pair() == (first, "random (null)")  # the policy comes back with the filter cleared
+    app.selectbox(key="pair_a").set_value("full (full cache)").run()  # the visitor's own choice
+    app.sidebar.text_input(key="name").set_value("snap").run()
+    app.sidebar.text_input(key="name").set_value("").run()
+    assert not app.exception
+    assert pair() == ("full (full cache)", "random (null)")

@@ -53,6 +53,20 @@ def test_an_empty_public_page_names_no_path(tmp_path: Path, monkeypatch) -> None
     assert str(tmp_path) not in "\n".join(all_text(app))
 
 
+def test_an_empty_local_page_names_the_database_it_read_and_keeps_the_about_text(
+    tmp_path: Path, monkeypatch
+) -> None:
+    database = tmp_path / "elsewhere" / "board.snapshot.duckdb"  # as `kvbench leaderboard --db` names it
+    app = open_app(database, monkeypatch)
+    assert not app.exception
+    assert app.info[0].value == f"No results in {database} yet."
+    (how,) = [m.value for m in app.markdown if "Produce some" in m.value]
+    assert how.endswith(f"this page reads `{database}`.")
+    (about,) = app.expander
+    assert about.label == "About kvbench and this leaderboard"
+    assert any("Random Attention" in m.value and "kvbench export" in m.value for m in about.markdown)
+
+
 def test_a_drill_down_is_capped_and_says_so(tmp_path: Path, monkeypatch) -> None:
     database = tmp_path / "store.duckdb"
     synthetic_store(database, policies=1, tasks=1, problems=1_300, samples=4)  # 5,200 rows per run

@@ -16,6 +16,10 @@ import pytest
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
 
+FIDELITY = ["--model", "tiny-qwen3", "--task", "fidelity"]
+TWO_POLICIES = ["run", *FIDELITY, "--policy", "snapkv", "--policy", "streaming", "--limit", "3", "--quiet"]
+
+
 def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
@@ -23,21 +27,7 @@ def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_compare_formats_and_filters(tmp_path: Path) -> None:
     missing = kvbench("compare", cwd=tmp_path)
     assert missing.returncode == 2 and "run `kvbench run`" in missing.stderr
-    run = kvbench(
-        "run",
-        "--model",
-        "tiny-qwen3",
-        "--task",
-        "fidelity",
-        "--policy",
-        "snapkv",
-        "--policy",
-        "streaming",
-        "--limit",
-        "3",
-        "--quiet",
-        cwd=tmp_path,
-    )
+    run = kvbench(*TWO_POLICIES, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     rows = json.loads(kvbench("compare", "--format", "json", cwd=tmp_path).stdout)
     assert [(r["policy"], r["budget"], r["problems"]) for r in rows] == [
@@ -60,6 +50,59 @@ def test_compare_formats_and_filters(tmp_path: Path) -> None:
     assert {r["policy"] for r in against} == {"snapkv", "random"}
     injected = kvbench("compare", "--task", "' OR 1=1 --", "--format", "json", cwd=tmp_path)
     assert injected.returncode == 0 and json.loads(injected.stdout) == []
+    _tables_fit_100_columns(tmp_path, rows)
+
+
+def _tables_fit_100_columns(folder: Path, rows: list[dict]) -> None:
+    """In a terminal 100 columns wide, `kvbench run`'s and `compare`'s tables are whole: no cell cut or
+    wrapped, each policy one line with its score and Δ as value ± half-width and its verdict with the Holm
+    p."""
+    short = {"beats null": "beats", "loses to null": "loses", "equivalent to null": "equivalent"}
+    for args in (TWO_POLICIES, ["compare"]):
+        shown = in_terminal([KVBENCH, *args], folder, columns=100)
+        assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 100, shown
+        for r in rows:
+            (line,) = [x for x in shown.splitlines() if x.startswith(f"│ {r['policy']} ")]
+            score = f"{r['score']:.3f} ± {(r['score_high'] - r['score_low']) / 2:.3f}"
+            delta = f"{r['delta']:+.3f} ± {(r['delta_high'] - r['delta_low']) / 2:.3f}"
+            verdict = f"{short.get(r['verdict'], r['verdict'])} p={r['p_holm']:.3f}"
+            assert score in line and delta in line and verdict in line and "3 × 1" in line, line
+
+    wide = subprocess.run([KVBENCH, "compare", "--wide"], capture_output=True, text=True, cwd=folder).stdout
+    from kvbench.results.compare import HEADER
+
+    header = next(line for line in wide.splitlines() if line.startswith("┃"))
+    assert header.count("┃") == len(HEADER) + 1  # every column, W/T/L, margin / MDE and the token costs too
+
+
+def in_terminal(command: list[str], cwd: Path, columns: int) -> str:
+    """What ``command`` shows in a terminal ``columns`` wide (a pseudo-terminal of that size), colours
+    and cursor codes removed."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # the terminal's size rules
+    process = subprocess.Popen(command, cwd=cwd, stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert process.wait(timeout=600) == 0, b"".join(chunks).decode(errors="replace")
+    os.close(main)
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
 def test_declared_task_groups_are_pooled_by_task_and_problem(tmp_path: Path) -> None:
@@ -89,17 +132,7 @@ def test_declared_task_groups_are_pooled_by_task_and_problem(tmp_path: Path) -> 
 
 def test_a_larger_rerun_of_an_arm_supersedes_the_smaller_one(tmp_path: Path) -> None:
     for limit in ("1", "3"):
-        args = (
-            "--model",
-            "tiny-qwen3",
-            "--task",
-            "fidelity",
-            "--policy",
-            "snapkv",
-            "--limit",
-            limit,
-            "--quiet",
-        )
+        args = (*FIDELITY, "--policy", "snapkv", "--limit", limit, "--quiet")
         assert kvbench("run", *args, cwd=tmp_path).returncode == 0
     rows = json.loads(kvbench("compare", "--format", "json", cwd=tmp_path).stdout)
     assert [(r["policy"], r["problems"], r["excluded"]) for r in rows] == [("snapkv", 3, 0)]

@@ -227,3 +227,27 @@ def test_an_edited_scorer_file_is_another_run_and_reuses_nothing(tmp_path: Path)
         hashlib.sha256(text.encode()).hexdigest()
         for text in (scorer.read_text(), scorer.read_text().replace(".neg()", ""))
     }
+
+
+@pytest.mark.slow
+def test_a_grown_limit_reuses_the_stored_problems_and_computes_only_the_new(tmp_path: Path) -> None:
+    """--limit 2 after --limit 1: each arm's first problem is copied from the smaller run (a problem's
+    samples depend on it alone), the second computed; the rows equal a fresh --limit 2 run's, digest for
+    digest, and the smaller run is left as it was."""
+    args = ["--model", "tiny-qwen3", "--task", "passkey", "--policy", "snapkv", "--samples", "2", "--quiet"]
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    grown.mkdir(), fresh.mkdir()
+    assert computed(kvbench("run", *args, "--limit", "1", cwd=grown)) == "3 problems computed, 0 reused"
+    small = {p: p.read_bytes() for p in (grown / "runs" / "shards").glob("*/*.parquet")}
+    assert computed(kvbench("run", *args, "--limit", "2", cwd=grown)) == "3 problems computed, 3 reused"
+    assert computed(kvbench("run", *args, "--limit", "2", cwd=fresh)) == "6 problems computed, 0 reused"
+    assert {p: p.read_bytes() for p in small} == small
+
+    def rows(folder: Path) -> list[tuple]:
+        con = duckdb.connect(str(folder / "runs" / "kvbench.duckdb"), read_only=True)
+        return con.execute(
+            "SELECT r.policy, s.problem_id, s.sample, s.output, s.metric FROM samples s JOIN runs r "
+            "USING (run_id) WHERE r.spec->>'limit' = '2' ORDER BY ALL"
+        ).fetchall()
+
+    assert len(rows(fresh)) == 3 * 2 * 2 and rows(grown) == rows(fresh)

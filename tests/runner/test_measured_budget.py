@@ -118,7 +118,7 @@ def test_k_follows_the_full_arms_lengths_and_stays_when_the_run_resumes_or_grows
         _, budget, n_avg, declared, measured_on, _ = runs[policy, 1]
         assert (budget, n_avg, declared, measured_on) == (k, pytest.approx(lengths), 2048.0, full_id)
     table = next(line for line in first.stdout.splitlines() if line.startswith("│ snapkv"))
-    assert f"│ {k} │" in table and f"{k / lengths:.2f}" in table
+    assert f"(pass@1; K = {k}; " in first.stdout and f"│    {k / lengths:.2f} │" in table
     assert f"N_avg = {lengths:.1f} tokens" in first.stdout
     (stored,) = (tmp_path / "runs" / "budgets").glob("*.json")
     assert json.loads(stored.read_text())["n_avg"] == pytest.approx(lengths)

@@ -7,13 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from built import built_once
 from submitting import HUB, SCORER, cli
 
 
 @pytest.fixture(scope="session")
 def submission(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of the submitter's results, with the bundle at ``bundle.kvbench.tar.gz``."""
-    root = tmp_path_factory.mktemp("submitter")
+    """The folder of the submitter's results, with the bundle at ``bundle.kvbench.tar.gz`` (built once per
+    test run: copy it before changing it)."""
+    return built_once(tmp_path_factory, "submitter", _build)
+
+
+def _build(root: Path) -> Path:
     (root / "keys_norm.py").write_text(SCORER)
     cli(
         *("run", "--model", "tiny-qwen3", "--task", "passkey", "--task", "fidelity"),

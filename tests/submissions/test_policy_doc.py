@@ -52,3 +52,18 @@ def test_a_submitted_policy_doc_is_shown_as_plain_text(
         html = rendered.render(str(element.value))
         assert "tracker.example" not in html and "<img" not in html, element.value
         assert "Certified by kvbench" not in html, element.value
+
+
+def test_a_file_scorer_is_shown_by_its_file_name(
+    submission: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Policy tab names the file a scorer came from, not the module name kvbench imported it under."""
+    db = tmp_path / "board.duckdb"
+    cli("accept", str(submission / "bundle.kvbench.tar.gz"), "--db", str(db), cwd=tmp_path)
+    monkeypatch.setenv(DATABASE_ENV, str(tmp_path / "board.snapshot.duckdb"))
+    app = AppTest.from_file(APP, default_timeout=120).run()
+    app.selectbox(key="policy").set_value("keys-norm").run()
+    assert not app.exception, app.exception
+    (source,) = [t.value for t in app.text if t.value.startswith("source: ")]
+    assert source.startswith("source: keys_norm.py (scorer file) (as stored with its newest run)"), source
+    assert "kvbench_user_policy" not in source
