@@ -1,0 +1,89 @@
+"""`kvbench calibrate-null` on the seeded tiny Qwen3: the null against itself at disjoint pairs of
+protocol seeds must come out "beats" or "loses" no more often than α, over enough comparisons to tell a
+5% rate from 15%. Every comparison is recomputed here from the stored samples with scipy's sign test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from scipy.stats import binomtest
+
+KVBENCH = str(Path(sys.executable).parent / "kvbench")
+PAIRS = 24
+"""With no false positive in 24 comparisons the upper 95% Clopper-Pearson bound is 14.2%: below 15%."""
+TASK = """
+spec_version: 1
+name: aa-fidelity
+version: 1
+description: The fidelity probe on a 512-token trace, eight problems (A/A pairs in CI).
+source: {kind: probe, probe: fidelity, problems: 8, length: 512}
+metric: top1_agreement
+samples: 1
+"""
+SUITE = """
+spec_version: 1
+name: aa
+description: The null against itself in CI
+models: [tiny-qwen3]
+tasks: [{task}]
+policies: [streaming]
+protocol: protect-prompt
+ratios: [2]
+limit: 8
+"""
+
+
+@pytest.mark.slow
+def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(tmp_path: Path) -> None:
+    (tmp_path / "aa-fidelity.yaml").write_text(TASK)
+    (tmp_path / "aa.yaml").write_text(SUITE.format(task=tmp_path / "aa-fidelity.yaml"))
+    done = subprocess.run(
+        [
+            KVBENCH,
+            "calibrate-null",
+            "--suite",
+            "aa.yaml",
+            "--pairs",
+            str(PAIRS),
+            "--json",
+            "aa.json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "aa.json").read_text())
+
+    con = duckdb.connect(str(tmp_path / "runs" / "calibration" / "kvbench.snapshot.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT r.protocol_seed, s.problem_id, avg(s.metric) FROM samples s JOIN runs r USING (run_id) "
+        "WHERE r.policy = 'random' GROUP BY ALL"
+    ).fetchall()
+    scores: dict[int, dict[str, float]] = {}
+    for seed, problem, score in rows:
+        scores.setdefault(seed, {})[problem] = score
+    assert sorted(scores) == list(range(2 * PAIRS)) and all(len(s) == 8 for s in scores.values())
+    different, discordant = 0, 0
+    for i in range(PAIRS):  # disjoint pairs: seeds 2i and 2i + 1
+        a, b = scores[2 * i], scores[2 * i + 1]
+        wins = sum(a[p] > b[p] for p in a)
+        losses = sum(a[p] < b[p] for p in a)
+        discordant += wins + losses > 0
+        different += wins + losses > 0 and binomtest(wins, wins + losses).pvalue < 0.05
+    # the seeds do change what the null keeps: most pairs disagree somewhere, so a rejection was possible
+    assert discordant >= PAIRS // 2
+    interval = binomtest(different, PAIRS).proportion_ci(0.95, method="exact")
+    calibration = report["calibration"]
+    assert calibration["comparisons"] == len(report["comparisons"]) == PAIRS
+    assert calibration["false_positive_rate"] == pytest.approx(different / PAIRS)
+    assert (calibration["low"], calibration["high"]) == pytest.approx((interval.low, interval.high))
+    assert calibration["false_positive_rate"] <= 0.05 and calibration["high"] < 0.15
+    assert f"over {PAIRS} comparisons" in done.stdout
