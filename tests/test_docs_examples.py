@@ -100,16 +100,25 @@ def test_fenced_commands_parse(doc: str, command: str) -> None:
 def test_indented_commands_run_in_order(tmp_path: Path) -> None:
     """In one scratch folder, in reading order: later commands use what earlier ones wrote (runs,
     calibration, a scorer written by `kvbench new-policy`), and a run that grows an earlier one's
-    --limit computes only the new problems, as it would for a reader."""
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    --limit computes only the new problems, as it would for a reader. Offline, like `make run`: the
+    README's main job (`kvbench run --policy snapkv --protocol protect-prompt`, here at --limit 2) on the
+    embedded SmolLM2 ends with a table per quick-suite task."""
+    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "HF_HUB_OFFLINE": "1"}
     commands = runnable()
     assert len(commands) >= 15
+    shown = {}
     for command in commands:
         result = subprocess.run(
             command, shell=True, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900
         )
         assert result.returncode == 0, f"`{command}`\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+        shown[command] = result.stdout
     assert [p.name for p in sorted((tmp_path / "scorers").glob("*.py"))] == ["my_scorer.py"]
+    main_job = shown["kvbench run --policy snapkv --protocol protect-prompt --limit 2"]
+    assert "passkey on smollm2-135m" in main_job and "fidelity on smollm2-135m" in main_job
+    # the null's and the full cache's first problem of each task come from the README's --limit 1 run
+    assert "8 problems computed, 4 reused" in main_job
 
 
 def test_the_protocol_names_every_stored_field() -> None:

@@ -21,6 +21,24 @@ from support import RecordingBackend, needs_sandbox
 
 pytestmark = needs_sandbox
 
+_STARTED: list[IsolatedPolicy] = []
+
+
+def started_policy(*args, **kwargs) -> IsolatedPolicy:
+    """An IsolatedPolicy whose scorer process this test stops when it ends (a failed call leaves the
+    process running, and the test's traceback keeps the policy alive)."""
+    started = IsolatedPolicy(*args, **kwargs)
+    _STARTED.append(started)
+    return started
+
+
+@pytest.fixture(autouse=True)
+def _stop_scorers():
+    yield
+    while _STARTED:
+        _STARTED.pop().close()
+
+
 STATEFUL = textwrap.dedent(
     '''
     """Accumulated attention, the recent queries' attention and a random jitter: every part of the
@@ -76,7 +94,7 @@ class Hostile(Policy):
 {textwrap.indent(textwrap.dedent(score_body), "        ")}
         return view.keys.float().norm(dim=-1)
 '''
-    return IsolatedPolicy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=seconds))
+    return started_policy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=seconds))
 
 
 def _run(policy, steps: int = 30) -> RecordingBackend:
@@ -90,7 +108,7 @@ def _run(policy, steps: int = 30) -> RecordingBackend:
 def test_isolated_and_in_process_keep_the_same_tokens_state_and_draws(tmp_path: Path) -> None:
     path = scorer(tmp_path, STATEFUL)
     local = _run(load_file_policy(str(path), "AccumulatingJitter").cls())
-    isolated = IsolatedPolicy(path, "AccumulatingJitter", {})
+    isolated = started_policy(path, "AccumulatingJitter", {})
     apart = _run(isolated)
     assert local.evictor.stats.events >= 3
     for ours, theirs in zip(local.layers, apart.layers, strict=True):
@@ -181,7 +199,7 @@ def test_a_file_scorer_may_not_take_a_built_in_name(tmp_path: Path) -> None:
     path = scorer(tmp_path, STATEFUL.replace('"accumulating-jitter"', '"snapkv"'))
     for load in (
         lambda: load_file_policy(str(path), "AccumulatingJitter"),
-        lambda: IsolatedPolicy(path, "AccumulatingJitter", {}),
+        lambda: started_policy(path, "AccumulatingJitter", {}),
     ):
         with pytest.raises(SpecError, match="registers the name 'snapkv', which is the built-in policy"):
             load()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -166,20 +165,3 @@ def test_a_budget_that_cannot_protect_the_prompt_writes_nothing(tmp_path: Path) 
     assert result.returncode == 2
     assert "leaves room to protect 15 prompt tokens, but task 'passkey' has prompts of" in result.stderr
     assert not (tmp_path / "runs" / "shards").exists() or not list((tmp_path / "runs").rglob("*.parquet"))
-
-
-@pytest.mark.slow
-def test_the_readme_command_on_the_embedded_model(tmp_path: Path) -> None:
-    """The main job on smollm2-135m, offline (one problem per task to keep CI short)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [KVBENCH, "run", "--policy", "snapkv", "--protocol", "protect-prompt", "--limit", "1"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "passkey on smollm2-135m" in result.stdout and "fidelity on smollm2-135m" in result.stdout
-    assert len(sample_keys(tmp_path / "runs")) == 2 * 3
