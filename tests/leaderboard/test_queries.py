@@ -165,3 +165,15 @@ def test_serve_benchmarks_land_in_the_efficiency_view_beside_decode_ones(tmp_pat
     assert serve.loc["policy-00", "average"] == pytest.approx(
         scores.set_index("policy").loc["policy-00", "average"]
     )
+
+
+def test_problems_by_samples_counts_only_the_problems_the_ranked_quantity_scored() -> None:
+    """An arm over two tasks, the ranked quantity present on one (two problems, one sample each) and
+    missing on the other (two problems, two samples each, no score): one sample on each of 2 problems."""
+    from kvbench.results.summary import CellSummary
+
+    scored = CellSummary("a", scores={"p1": 1.0, "p2": 0.0}, truncated={"p1": 0.0, "p2": 0.0}, samples=2)
+    missing = CellSummary("b", scores={}, truncated={"q1": 0.0, "q2": 0.0}, samples=4)
+    assert queries.problems_by_samples([scored, missing]) == "2 × 1"  # the old label read "3 × 2"
+    deeper = CellSummary("c", scores={"r1": 0.5}, truncated={"r1": 0.0}, samples=3)
+    assert queries.problems_by_samples([scored, deeper]) == "3 × 1–3"
