@@ -43,26 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(threads)
 
 
-LONGEST_FIRST = (
-    "tests/test_docs_examples.py",
-    "tests/leaderboard/test_app.py",
-    "tests/runner/test_run.py",
-    "tests/runner/test_ray_executor.py",
-    "tests/results/test_compare.py",
-    "tests/runner/test_identity.py",
-    "tests/results/test_calibrate_null.py",
-)
-"""The files that take longest (`--durations`, CI's log), started first: under xdist a long file that
-starts last keeps one worker busy while the other has nothing left to do."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first (LONGEST_FIRST); tests marked ``gpu`` run where torch sees a CUDA device
-    and are reported as skipped elsewhere."""
+    """Tests marked ``gpu`` run where torch sees a CUDA device and are reported as skipped elsewhere."""
     import torch
-
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as found
 
     if torch.cuda.is_available():
         return
