@@ -371,17 +371,13 @@ def _print_compact_table(group: list[ReportRow]) -> None:
             r.policy + (f" ({r.role})" if r.role != Role.POLICY else ""),
             "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}",
             plus_minus(r.score.value, r.score.low, r.score.high),
-            plus_minus(*_triple(r.vs_null), signed=True),
+            plus_minus(r.vs_null.value, r.vs_null.low, r.vs_null.high, signed=True) if r.vs_null else "—",
             compact_verdict(test.verdict, test.p_adjusted) if test else "—",
             f"{r.problems} × {r.samples}",
         )
     console.print(table)
     for note in filter(None, notes):
         console.print(note)
-
-
-def _triple(e: Estimate | None) -> tuple[float | None, float | None, float | None]:
-    return (None, None, None) if e is None else (e.value, e.low, e.high)
 
 
 def _print_wide_table(group: list[ReportRow], generated: bool) -> None:
