@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(exc))
         return 2
     except KeyboardInterrupt as exc:
-        where = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))  # e.g. inside a scorer
+        where = "".join(f" {note}" for note in getattr(exc, "__notes__", []))  # e.g. in a scorer's call
         fail(
             f"interrupted{where}: {command} stopped before it finished. What it wrote is whole and kept; run "
             "the same command again to go on (`kvbench run` computes only what is missing)."

@@ -124,7 +124,7 @@ def test_a_scorers_keyboard_interrupt_stays_one_and_says_where() -> None:
     with pytest.raises(KeyboardInterrupt) as caught:
         for _ in range(60):
             backend.step()
-    assert caught.value.__notes__ == ["interrupted in policy 'ctrl-c' at layer 0, eviction event 0"]
+    assert caught.value.__notes__ == ["in policy 'ctrl-c' at layer 0, eviction event 0"]
 
 
 @pytest.mark.parametrize("inference", [False, True], ids=["tensors", "inference-tensors"])

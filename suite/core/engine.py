@@ -62,7 +62,7 @@ def _scorer_call(where: str, given: Sequence[Tensor]) -> Iterator[None]:
     except KvbenchError:
         raise
     except KeyboardInterrupt as exc:
-        exc.add_note(f"interrupted in {where}")
+        exc.add_note(f"in {where}")
         raise
     except RuntimeError as exc:
         if "Inplace update to inference tensor" in str(exc):
