@@ -169,18 +169,24 @@ def equivalence_p(deltas: Sequence[float] | np.ndarray, margin: float) -> float:
     return float(max(above, below))
 
 
+_TAIL = 1e-12
+"""Binomial tail mass sign_test_power leaves out on each side."""
+
+
 def sign_test_power(problems: int, discordance: float, effect: float, alpha: float = ALPHA) -> float:
     """Power of the two-sided exact sign test (p < alpha, in the effect's direction) on ``problems``
     problems, each differing between the arms with probability ``discordance``, when the arm under test
     wins a differing problem with probability 1/2 + effect / (2 · discordance): the share of problems
     won minus the share lost is ``effect`` (the mean score difference, for one pass/fail sample per
-    problem). Exact: the number of differing problems is binomial, and for each the rejection region of
-    scipy's binomtest is summed."""
+    problem). Exact up to 2e-12: the number of differing problems is binomial, and for each count the
+    rejection region of scipy's binomtest is summed; counts in the binomial's two tails of mass under
+    1e-12 each are left out, which keeps the sum to a few thousand terms at a million problems."""
     from scipy.stats import binom
 
     if problems <= 0 or not 0 < discordance <= 1 or not 0 <= effect <= discordance:
         return 0.0
-    differing = np.arange(problems + 1)
+    fewest, most = binom.ppf([_TAIL, 1 - _TAIL], problems, discordance)
+    differing = np.arange(max(0, int(fewest) - 1), min(problems, int(most) + 1) + 1)
     # the fewest wins of k differing problems that the two-sided test at alpha rejects: 2·P(W ≥ c) < alpha
     critical = binom.isf(alpha / 2, differing, 0.5) + 1
     critical = np.where(2 * binom.sf(critical - 1, differing, 0.5) < alpha, critical, critical + 1)

@@ -140,6 +140,34 @@ def test_the_minimum_detectable_effect_is_detected_80_percent_of_the_time(
     assert power == pytest.approx(0.8, abs=1e-4)
 
 
+@pytest.mark.parametrize(("problems", "discordance", "effect"), [(5000, 0.3, 0.02), (20_000, 0.9, 0.02)])
+def test_the_power_sum_left_out_only_the_binomial_tails(
+    problems: int, discordance: float, effect: float
+) -> None:
+    """Every count of differing problems summed, each with its exact rejection region: the same power
+    to 1e-11 (sign_test_power sums only the counts with more than 1e-12 of the mass)."""
+    counts = np.arange(problems + 1)
+    critical = _fewest_rejected_wins(counts)
+    rejects = np.where(
+        critical <= counts, binom.sf(critical - 1, counts, 0.5 + effect / (2 * discordance)), 0.0
+    )
+    full = float(binom.pmf(counts, problems, discordance) @ rejects)
+    assert 0.01 < full < 0.99
+    assert sign_test_power(problems, discordance, effect) == pytest.approx(full, abs=1e-11)
+
+
+def _fewest_rejected_wins(differing: np.ndarray) -> np.ndarray:
+    """For each count of differing problems, the fewest wins whose two-sided p (twice the upper tail)
+    is under 5%, found by stepping up from the median."""
+    wins = differing // 2
+    for _ in range(int(differing.max()) + 2):
+        short = (2 * binom.sf(wins - 1, differing, 0.5) >= 0.05) & (wins <= differing)
+        if not short.any():
+            return wins
+        wins = wins + short
+    raise AssertionError("no rejection region found")
+
+
 def test_four_problems_can_detect_nothing() -> None:
     assert minimum_detectable_effect(4, 0.5) == math.inf
     assert minimum_detectable_effect(4, 1.0) == math.inf  # 4 of 4 wins: p = 0.125
