@@ -1,10 +1,10 @@
 """Retention telemetry: which positions the KV heads kept at an eviction event, reduced to a few numbers.
 
 At every event the engine hands :class:`RetentionLog` the positions each layer's KV heads kept among the
-candidates ([L, B, Hkv, K − B], the buffer excluded). The log keeps only the last event's summary per
+candidates ([L, B, Hkv, K − B], the buffer excluded). The log keeps only the last event's kept positions per
 batch row and the steps at which events fired; a sample's summary is read when it leaves the batch
-(protocol.md, "Retention telemetry"). Everything is computed on tensors already there, by a sort and a
-few reductions of the kept positions (one count of holders per position seen), so it is always on.
+(protocol.md, "Retention telemetry"). An event only gathers the kept positions; the summary (one count of
+holders per position seen and a few reductions) is computed when a sample is read, so it is always on.
 
 - prompt survival: per layer, the share of the prompt's positions held (kept or in the buffer) by at
   least one KV head, and by every KV head;
@@ -76,31 +76,39 @@ def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Te
 
 
 class RetentionLog:
-    """The last event's summary per batch row, and the step of every event."""
+    """The last event's kept positions per batch row, summarized when a row is read, and the step of
+    every event. Only the last event's summary is ever stored, so an event only keeps its positions
+    (replacing the previous event's); the summary is computed once per event that is read."""
 
     def __init__(self, prompt_len: int, buffer: int) -> None:
         self.prompt_len = prompt_len
         self.buffer = buffer
         self.steps: list[int] = []
         """Tokens seen at each event, in order (every row of a batch evicts at the same steps)."""
-        self._last: tuple[Tensor, ...] | None = None
+        self._kept: list[Tensor] | None = None
+        self._summary: tuple[Tensor, ...] | None = None
 
     def record(self, kept: Sequence[Tensor], step: int) -> None:
-        """One event: ``kept[l]`` [B, Hkv, K − B] the positions layer l's KV heads kept."""
+        """One event: ``kept[l]`` [B, Hkv, K − B] the positions layer l's KV heads kept (tensors of the
+        event's own, which later events do not change)."""
         self.steps.append(step)
-        self._last = summarize(torch.stack(list(kept)), step, self.prompt_len, self.buffer)
+        self._kept = list(kept)
+        self._summary = None
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """Rows ``rows`` stay in the batch, as the cache's."""
-        if self._last is not None:
-            index = torch.tensor(list(rows), dtype=torch.long, device=self._last[0].device)
-            self._last = tuple(t.index_select(0, index) for t in self._last)
+        if self._kept is not None:
+            index = torch.tensor(list(rows), dtype=torch.long, device=self._kept[0].device)
+            self._kept = [t.index_select(0, index) for t in self._kept]
+            self._summary = None
 
     def row(self, index: int) -> Retention | None:
         """Batch row ``index``'s summary at the last event; None before the first."""
-        if self._last is None:
+        if self._kept is None:
             return None
-        any_, all_, coverage, by_age = (t[index].tolist() for t in self._last)
+        if self._summary is None:
+            self._summary = summarize(torch.stack(self._kept), self.steps[-1], self.prompt_len, self.buffer)
+        any_, all_, coverage, by_age = (t[index].tolist() for t in self._summary)
         return Retention(any_, all_, coverage, by_age)
 
     def events_between(self, after: int, until: int) -> int:
