@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from built import built_once, run_folder
+from invoke import kvbench
 from small_run import SMALL_RUN
 
 from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
@@ -91,9 +90,7 @@ def small_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results folder written by ``SMALL_RUN`` (shards, database, snapshot): copy it before changing it."""
 
     def build(root: Path) -> Path:
-        kvbench = Path(sys.executable).parent / "kvbench"
-        command = [str(kvbench), *SMALL_RUN]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
+        done = kvbench(*SMALL_RUN, cwd=root)
         assert done.returncode == 0, done.stdout + done.stderr
         return root / "runs"
 

@@ -4,14 +4,12 @@ Qwen3."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from built import built_once
+from invoke import kvbench
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
 MIXED = Path(__file__).resolve().parents[1] / "fixtures" / "protocols" / "mixed-4bit-g8.yaml"
 
@@ -29,7 +27,7 @@ limit: 3
 
 
 def _kvbench(*args: str, cwd: Path) -> None:
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    done = kvbench(*args, cwd=cwd)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

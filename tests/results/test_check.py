@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from invoke import kvbench
 
 from kvbench.registry import builtin_policies
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 REPO = Path(__file__).resolve().parents[2]
 
 SCORER = '''
@@ -34,10 +33,6 @@ policies: [{policy}]
 protocol: protect-prompt
 limit: 4
 """
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 def test_check_passes_on_the_reference_and_fails_on_a_broken_scorer(tmp_path: Path) -> None:

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
 
 FIDELITY = ["--model", "tiny-qwen3", "--task", "fidelity"]
 TWO_POLICIES = ["run", *FIDELITY, "--policy", "snapkv", "--policy", "streaming", "--limit", "3", "--quiet"]
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 def test_compare_formats_and_filters(tmp_path: Path) -> None:

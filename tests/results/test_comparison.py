@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from invoke import kvbench
 
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.queries import Compression
 from kvbench.results.compare import Filters, compare
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 POLICIES = ("snapkv", "h2o", "streaming")
 
 
@@ -36,7 +34,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     ]
     for policy in POLICIES:
         args += ["--policy", policy]
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=root, timeout=600)
+    done = kvbench(*args, cwd=root)
     assert done.returncode == 0, done.stderr
     return root / "runs", json.loads((root / "t.json").read_text())
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.queries import Compression
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 COMMON = ["--model", "tiny-qwen3", "--task", "fidelity", "--limit", "3", "--quiet"]
 
 
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+def run_kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = kvbench(*args, cwd=cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -44,9 +43,9 @@ def sql_delta(database: Path, policy: str, seed: int) -> float:
 @pytest.fixture(scope="module")
 def two_seeds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("seeds")
-    kvbench("run", *COMMON, "--policy", "snapkv", cwd=root)
-    second = kvbench("run", *COMMON, "--policy", "h2o", "--seed", "7", "--json", "table.json", cwd=root)
-    kvbench("run", *COMMON, "--policy", "streaming", "--seed", "3", "--no-baselines", cwd=root)
+    run_kvbench("run", *COMMON, "--policy", "snapkv", cwd=root)
+    second = run_kvbench("run", *COMMON, "--policy", "h2o", "--seed", "7", "--json", "table.json", cwd=root)
+    run_kvbench("run", *COMMON, "--policy", "streaming", "--seed", "3", "--no-baselines", cwd=root)
     return root, json.loads((root / "table.json").read_text()) | {"stdout": second.stdout}
 
 
@@ -64,7 +63,7 @@ def test_the_two_nulls_differ_so_a_wrong_pairing_would_show(two_seeds: tuple[Pat
 
 def test_compare_pairs_each_policy_with_its_own_seeds_null(two_seeds: tuple[Path, dict]) -> None:
     root, _ = two_seeds
-    rows = json.loads(kvbench("compare", "--format", "json", cwd=root).stdout)
+    rows = json.loads(run_kvbench("compare", "--format", "json", cwd=root).stdout)
     by_policy = {r["policy"]: r for r in rows}
     database = root / "runs" / "kvbench.duckdb"
     assert by_policy["snapkv"]["seed"] == 0 and by_policy["h2o"]["seed"] == 7
@@ -74,7 +73,7 @@ def test_compare_pairs_each_policy_with_its_own_seeds_null(two_seeds: tuple[Path
     assert by_policy["streaming"]["seed"] == 3
     assert by_policy["streaming"]["verdict"] == "no matching baseline"
     assert by_policy["streaming"]["delta"] is None and by_policy["streaming"]["wins"] is None
-    markdown = kvbench("compare", "--format", "markdown", cwd=root).stdout
+    markdown = run_kvbench("compare", "--format", "markdown", cwd=root).stdout
     (line,) = [r for r in markdown.splitlines() if "| streaming |" in r]
     assert "| no matching baseline |" in line and "seed 3" in line
 

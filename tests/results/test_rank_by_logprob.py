@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 from scipy.stats import binomtest
 
 from kvbench.errors import UnknownNameError
@@ -28,7 +29,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     args = ["run", "--model", "tiny-qwen3", "--task", "passkey", "--limit", "6", "--quiet"]
     for policy in POLICIES:
         args += ["--policy", policy]
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=root, timeout=900)
+    done = kvbench(*args, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     return root
 

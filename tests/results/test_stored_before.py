@@ -15,18 +15,17 @@ import io
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+import invoke
 
 from kvbench.specs.resolved import ResolvedSpec, digest
 
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
 
 def kvbench(*args: str, cwd: Path) -> str:
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    done = invoke.kvbench(*args, cwd=cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -8,24 +8,19 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 from kvbench.errors import SpecError
 from kvbench.runner.plan import RunRequest, plan
 from kvbench.specs.task import load_task
 from kvbench.specs.task_data import data_fingerprint, load_problems
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
 ONE = ["--model", "tiny-qwen3", "--task", "passkey", "--limit", "1", "--quiet", "--no-baselines"]
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 def computed(result: subprocess.CompletedProcess) -> str:

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 TINY = ["--model", "tiny-qwen3", "--quiet"]
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=900)
 
 
 def sample_keys(out: Path) -> list[tuple]:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
-
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
-
-
-def kvbench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+from invoke import kvbench
 
 
 def test_validate_every_builtin_spec() -> None:
