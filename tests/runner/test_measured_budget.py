@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 from kvbench.runner.budgets import Measurement, settle
 from kvbench.runner.plan import RunRequest, measurement_key, plan
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 GSM8K = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"
 # tiny-qwen3's byte-level prompts are longer than a quarter of a few hundred tokens: the test protocol
 # protects only the sinks, with an 8-token buffer so that K follows the measurement closely
@@ -67,13 +66,7 @@ def test_settling_sets_k_from_the_measurement_and_records_it() -> None:
 
 def test_without_the_full_arm_or_a_stored_measurement_nothing_runs(tmp_path: Path) -> None:
     args = ["--model", "tiny-qwen3", "--task", "gsm8k", "--data", str(GSM8K), "--policy", "snapkv"]
-    run = subprocess.run(
-        [KVBENCH, "run", *args, "--no-baselines", "--quiet"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    run = kvbench("run", *args, "--no-baselines", "--quiet", cwd=tmp_path)
     assert run.returncode != 0
     assert "follows the full cache's measured N_avg on tiny-qwen3/gsm8k" in run.stderr
     assert "drop --no-baselines" in run.stderr and "--budget" in run.stderr
@@ -86,9 +79,7 @@ def _run(tmp_path: Path, limit: int) -> subprocess.CompletedProcess:
     )
     args = ["--model", "tiny-qwen3", "--task", "gsm8k", "--data", str(GSM8K), "--protocol", "b8.yaml"]
     args += ["--policy", "snapkv", "--max-new-tokens", "400", "--samples", "4", "--limit", str(limit)]
-    run = subprocess.run(
-        [KVBENCH, "run", *args, "--quiet"], capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )
+    run = kvbench("run", *args, "--quiet", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     return run
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
+import invoke
 
 
 def kvbench(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600, env={**os.environ, **env}
-    )
+    return invoke.kvbench(*args, cwd=cwd, env={**os.environ, **env})
 
 
 def test_generate_prints_samples_and_eviction_statistics() -> None:
