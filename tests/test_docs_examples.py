@@ -1,10 +1,11 @@
 """Every `kvbench ...` command the README and the documentation show is checked.
 
-An indented command (a Markdown code block of four spaces) runs as written, with the venv's kvbench as
-`. .venv/bin/activate` puts it on the PATH, in one scratch folder, in reading order: the README, then
-protocol.md, then the site's pages in the order of mkdocs.yml's nav. A command in a fenced block needs
-what a test cannot have (a GPU, a cluster, a server that keeps running): it must still parse with
-kvbench's own argument parser, so a renamed or mistyped flag fails here.
+An indented command (a Markdown code block of four spaces) runs as written, through kvbench's command
+line in this process (tests/invoke.py: the `kvbench` script's own entry point, without a new interpreter
+per command), in one scratch folder, in reading order: the README, then protocol.md, then the site's
+pages in the order of mkdocs.yml's nav (tests/test_cli.py starts the installed script itself). A command
+in a fenced block needs what a test cannot have (a GPU, a cluster, a server that keeps running): it must
+still parse with kvbench's own argument parser, so a renamed or mistyped flag fails here.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from invoke import kvbench
 
 from kvbench.cli import build_parser
 from kvbench.commands import lmeval
@@ -103,15 +104,14 @@ def test_indented_commands_run_in_order(tmp_path: Path) -> None:
     --limit computes only the new problems, as it would for a reader. Offline, like `make run`: the
     README's main job (`kvbench run --policy snapkv --protocol protect-prompt`, here at --limit 2) on the
     embedded SmolLM2 ends with a table per quick-suite task."""
-    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     commands = runnable()
     assert len(commands) >= 15
     shown = {}
     for command in commands:
-        result = subprocess.run(
-            command, shell=True, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900
-        )
+        program, *args = shlex.split(command)
+        assert program == "kvbench"
+        result = kvbench(*args, cwd=tmp_path, env=env)
         assert result.returncode == 0, f"`{command}`\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
         shown[command] = result.stdout
     assert [p.name for p in sorted((tmp_path / "scorers").glob("*.py"))] == ["my_scorer.py"]
