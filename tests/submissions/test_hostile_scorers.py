@@ -114,6 +114,7 @@ def submit(root: Path, name: str, source: str) -> Path:
         *("run", "--model", "tiny-qwen3", "--task", "passkey", "--limit", "3"),
         *("--policy", f"{name}.py:Attack", "--quiet"),
         cwd=root,
+        own_process=True,
     )
     bundle = root / "bundle.kvbench.tar.gz"
     cli("export", str(bundle), "--scorer", f"{name}.py", "--submitter", "hostile <h@example.org>", cwd=root)
