@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import yaml
 from invoke import kvbench
 
 from kvbench.registry import builtin_policies
@@ -93,3 +95,19 @@ def test_the_committed_ci_reference_covers_every_built_in_policy() -> None:
     models = {cell["key"].split("/")[0] for cell in reference["cells"]}
     assert models == {"tiny-qwen3", "smollm2-135m"}
     assert reference["manifest"]["suite"] == "ci" and reference["manifest"]["packages"]["torch"]
+
+
+@pytest.mark.slow
+def test_the_ci_gate_passes_every_builtin_policy_against_the_committed_reference(tmp_path: Path) -> None:
+    """The policy-regression gate itself (`make check`: `kvbench check --suite ci`), run where the tests
+    run so that CI spreads it over the cores with them: every cell of runs/reference/ci.json recomputed
+    from scratch and unchanged."""
+    reference = json.loads((REPO / "runs" / "reference" / "ci.json").read_text())
+    cells = len(reference["cells"])
+    suite = yaml.safe_load((REPO / "suite" / "suites" / "ci.yaml").read_text())
+    assert cells == len(suite["models"]) * (len(suite["policies"]) + 2)  # with the null and the full cache
+    done = kvbench(
+        "check", "--suite", "ci", "--reference", str(REPO / "runs" / "reference"), "--quiet", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert f"{cells} of {cells} cells unchanged; 0 failing" in done.stdout
