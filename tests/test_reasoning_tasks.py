@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 from kvbench.specs.task import load_task
 from kvbench.specs.task_data import load_problems
@@ -24,7 +23,6 @@ HUB = {
     "hmmt25": "MathArena/hmmt_feb_2025",
     "lcb-v6": "livecodebench/code_generation_lite",
 }
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
 
 @pytest.mark.parametrize("task", list(HUB))
@@ -69,30 +67,24 @@ def test_golden_prompt_with_the_smollm2_chat_template(task: str, smol) -> None:
 
 def test_a_private_task_stores_and_shows_no_text(tmp_path: Path) -> None:
     data = FIXTURES / "hub" / HUB["gpqa-diamond"]
-    result = subprocess.run(
-        [
-            KVBENCH,
-            "run",
-            "--model",
-            "tiny-qwen3",
-            "--task",
-            "gpqa-diamond",
-            "--data",
-            str(data),
-            "--policy",
-            "snapkv",
-            "--budget",
-            "384",
-            "--max-new-tokens",
-            "120",
-            "--samples",
-            "2",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    result = kvbench(
+        "run",
+        "--model",
+        "tiny-qwen3",
+        "--task",
+        "gpqa-diamond",
+        "--data",
+        str(data),
+        "--policy",
+        "snapkv",
+        "--budget",
+        "384",
+        "--max-new-tokens",
+        "120",
+        "--samples",
+        "2",
+        "--quiet",
         cwd=tmp_path,
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert "PRIVATE" not in result.stdout + result.stderr
@@ -128,7 +120,6 @@ def test_a_pickled_dataset_field_cannot_load_code() -> None:
 def test_code_tasks_refuse_to_start_without_permission(tmp_path: Path) -> None:
     data = FIXTURES / "hub" / HUB["lcb-v6"]
     base = [
-        KVBENCH,
         "run",
         "--model",
         "tiny-qwen3",
@@ -144,12 +135,10 @@ def test_code_tasks_refuse_to_start_without_permission(tmp_path: Path) -> None:
         "64",
         "--quiet",
     ]
-    refused = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    refused = kvbench(*base, cwd=tmp_path)
     assert refused.returncode == 2 and "--allow-code-execution" in refused.stderr
     assert not (tmp_path / "runs").exists()
-    allowed = subprocess.run(
-        [*base, "--allow-code-execution"], capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )
+    allowed = kvbench(*base, "--allow-code-execution", cwd=tmp_path)
     if sandbox_expected():
         assert allowed.returncode == 0, allowed.stderr
         assert "lcb-v6 on tiny-qwen3" in allowed.stdout
@@ -162,13 +151,7 @@ def run_gsm8k_snapkv(folder: Path, *extra: str) -> Path:
     """kvbench run of snapkv alone on the GSM8K fixture in ``folder``; returns the fixture's path."""
     data = FIXTURES / "hub" / HUB["gsm8k"]
     args = ["--model", "tiny-qwen3", "--task", "gsm8k", "--data", str(data), "--policy", "snapkv"]
-    run = subprocess.run(
-        [KVBENCH, "run", *args, "--budget", "384", "--no-baselines", "--quiet", *extra],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        timeout=600,
-    )
+    run = kvbench("run", *args, "--budget", "384", "--no-baselines", "--quiet", *extra, cwd=folder)
     assert run.returncode == 0, run.stderr
     return data
 
@@ -184,7 +167,7 @@ def test_grade_regrades_stored_outputs_and_replaces_their_rows(tmp_path: Path) -
     assert rows[0]["output"] and rows[0]["correct"] is False  # the tiny model writes noise
     rows[0].update(correct=True, metric=1.0)  # as a buggy grader might have said
     pq.write_table(pq.read_table(shard).from_pylist(rows, schema=pq.read_table(shard).schema), shard)
-    subprocess.run([KVBENCH, "ingest"], cwd=tmp_path, check=True, capture_output=True)
+    assert kvbench("ingest", cwd=tmp_path).returncode == 0
 
     def stored() -> tuple:
         con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
@@ -195,7 +178,7 @@ def test_grade_regrades_stored_outputs_and_replaces_their_rows(tmp_path: Path) -
             con.close()
 
     assert stored()[:2] == (1.0, 2)
-    graded = subprocess.run([KVBENCH, "grade", folder.name[:8]], capture_output=True, text=True, cwd=tmp_path)
+    graded = kvbench("grade", folder.name[:8], cwd=tmp_path)
     assert graded.returncode == 0, graded.stderr
     assert f"re-graded 2 samples of run {folder.name}: 1 verdicts changed" in graded.stdout
     total, count, grader = stored()
@@ -218,7 +201,7 @@ def test_a_correct_but_truncated_sample_is_correct_and_not_strict(tmp_path: Path
     assert rows[0]["finish_reason"] == "length" and json.loads(rows[0]["secondary"])["truncated"]
     rows[0]["output"] = f"So the answer is \\boxed{{{gold}}} and then"  # right, but cut at the cap
     pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_table(shard).schema), shard)
-    graded = subprocess.run([KVBENCH, "grade", folder.name], capture_output=True, text=True, cwd=tmp_path)
+    graded = kvbench("grade", folder.name, cwd=tmp_path)
     assert graded.returncode == 0, graded.stderr
     (row,) = pq.read_table(shard).to_pylist()
     assert (row["correct"], row["strict_correct"], row["reason"]) == (True, False, None)

@@ -61,17 +61,20 @@ def teacher_force(
     pinned: PinnedSlots | None = None,
     watch: Watch | None = None,
     on_step: Callable[[EvictingCache], None] | None = None,
+    memo: FullCacheMemo | None = None,
 ) -> TeacherForced:
     """Score ``continuation_ids`` after ``prompt_ids`` for each row seed (rows differ in eviction draws).
 
     ``chunk`` caps the tokens per forward (default B; 1 is token-by-token decoding). With ``watch``, a
     chunk also ends where the watched moment begins, and the survival of its positions is read there.
     ``on_step`` sees the policy's cache after every forward's eviction check (as decoding's ``on_step``).
+    With ``reference``, the full cache's stream is fed the policy's chunks after it; ``memo`` keeps its
+    predictions for the next policy on the same problem.
     """
     device = loaded.device
     k, total = len(row_seeds), len(prompt_ids) + len(continuation_ids)
     cont = torch.tensor(list(continuation_ids), dtype=torch.long, device=device)
-    cache = make_cache(
+    policy_cache = make_cache(
         loaded,
         policy,
         schedule,
@@ -82,52 +85,38 @@ def teacher_force(
         refuse_capped_prompt=refuse_capped_prompt,
         pinned=pinned,
     )
-    streams = [_Stream(loaded, cache)]
-    if reference:
-        full = make_cache(
-            loaded,
-            make_policy("full"),
-            schedule.without_precision(),
-            prompt_len=len(prompt_ids),
-            row_seeds=row_seeds,
-            total_tokens=total,
-        )
-        streams.append(_Stream(loaded, full))
-
+    stream = _Stream(loaded, policy_cache)
     prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    predictions = []
-    for stream in streams:
-        last = stream.feed(prompt, last_only=True).expand(k, -1, -1)
-        stream.cache.repeat_prompt_row(k)
-        stream.cache.evict_if_due()
-        predictions.append([last])
-
-    policy_cache = streams[0].cache
+    predictions = [stream.feed(prompt, last_only=True).expand(k, -1, -1)]
+    policy_cache.repeat_prompt_row(k)
+    policy_cache.evict_if_due()
     if on_step is not None:
         on_step(policy_cache)
     survival: tuple[Tensor | None, Tensor | None] = (None, None)
     survival = survival_of(policy_cache, watch) if watch is not None and watch.at == 0 else survival
-    fed, limit = 0, chunk or schedule.buffer
+    fed, limit, plan = 0, chunk or schedule.buffer, []
     while fed < len(cont) - 1:  # the last token is predicted, never fed
         size = min(limit, len(cont) - 1 - fed)
         size = min(size, policy_cache.tokens_until_due())
         if watch is not None and fed < watch.at:
             size = min(size, watch.at - fed)
-        tokens = cont[fed : fed + size].expand(k, -1)
-        for stream, outputs in zip(streams, predictions, strict=True):
-            outputs.append(stream.feed(tokens))
-            stream.cache.evict_if_due()
+        predictions.append(stream.feed(cont[fed : fed + size].expand(k, -1)))
+        policy_cache.evict_if_due()
+        plan.append(size)
         if on_step is not None:
             on_step(policy_cache)
         fed += size
         if watch is not None and fed == watch.at:
             survival = survival_of(policy_cache, watch)
 
-    policy_logprobs = torch.cat(predictions[0], dim=1)  # [k, T, V]
+    policy_logprobs = torch.cat(predictions, dim=1)  # [k, T, V]
     targets = cont.expand(k, -1).unsqueeze(-1)
     kl = agree = None
     if reference:
-        full_logprobs = torch.cat(predictions[1], dim=1)
+        if not policy.evicts and schedule.precision is None:  # the policy's stream is the full cache's
+            full_logprobs = policy_logprobs
+        else:
+            full_logprobs = full_cache_predictions(loaded, prompt_ids, cont, schedule, plan, k, memo)
         kl = (full_logprobs.exp() * (full_logprobs - policy_logprobs)).sum(dim=-1)
         agree = full_logprobs.argmax(dim=-1) == policy_logprobs.argmax(dim=-1)
     log = policy_cache.evictor.retention
@@ -148,6 +137,61 @@ def teacher_force(
         retention=[log.row(i) for i in range(k)] if log is not None else None,
         watched_events=watched,
     )
+
+
+class FullCacheMemo:
+    """The full cache's predictions for the last problem teacher-forced with a reference.
+
+    Every policy of a protocol shares K and B, so on one problem each one's stream is cut into the same
+    chunks and the full cache's predictions are the same tensor, bit for bit: the policies after the
+    first read them here instead of running the full model again. One problem is kept (the runner
+    takes a problem's policies one after another).
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.logprobs: Tensor | None = None
+
+
+def full_cache_predictions(
+    loaded: LoadedModel,
+    prompt_ids: Sequence[int],
+    continuation: Tensor,
+    schedule: Schedule,
+    plan: Sequence[int],
+    rows: int,
+    memo: FullCacheMemo | None,
+) -> Tensor:
+    """The full cache's log-probabilities [rows, T, V] after ``prompt_ids``, ``continuation`` fed in the
+    chunks of ``plan`` (a batch's rows are identical: there is nothing to draw)."""
+    schedule = schedule.without_precision()
+    key = (tuple(prompt_ids), tuple(continuation.tolist()), schedule, tuple(plan), rows)
+    if memo is not None and memo.key == key and memo.logprobs is not None:
+        return memo.logprobs
+    if memo is not None:
+        memo.key = memo.logprobs = None  # the last problem's predictions go before this one's are made
+    cache = make_cache(
+        loaded,
+        make_policy("full"),
+        schedule,
+        prompt_len=len(prompt_ids),
+        row_seeds=range(rows),
+        total_tokens=len(prompt_ids) + len(continuation),
+    )
+    stream = _Stream(loaded, cache)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
+    predictions = [stream.feed(prompt, last_only=True).expand(rows, -1, -1)]
+    cache.repeat_prompt_row(rows)
+    cache.evict_if_due()
+    fed = 0
+    for size in plan:
+        predictions.append(stream.feed(continuation[fed : fed + size].expand(rows, -1)))
+        cache.evict_if_due()
+        fed += size
+    logprobs = torch.cat(predictions, dim=1)
+    if memo is not None:
+        memo.key, memo.logprobs = key, logprobs
+    return logprobs
 
 
 def survival_of(cache: EvictingCache, watch: Watch) -> tuple[Tensor, Tensor | None]:

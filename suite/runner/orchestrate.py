@@ -149,6 +149,15 @@ class _Run:
                     bar.advance(task)
                 else:
                     units.append(Unit(cell, problem_id))
+        # a problem's cells one after another: a teacher-forced probe's full-cache predictions are made
+        # once per problem and read by every policy after the first (adapters/hf/teacher.py)
+        tasks = list(dict.fromkeys(cell.task.name for cell in cells))
+        order = {
+            (cell.task.name, problem): (tasks.index(cell.task.name), i)
+            for cell in cells
+            for i, problem in enumerate(prepared.problems[cell.run_id])
+        }
+        units.sort(key=lambda unit: order[unit.cell.task.name, unit.problem_id])
         began, ran = time.perf_counter(), 0
         for result in self.executor.run(units, lambda text: bar.update(task, description=text)):
             cell, problem_id = result.unit.cell, result.unit.problem_id

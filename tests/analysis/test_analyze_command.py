@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
-
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
+from invoke import kvbench
 
 
 @pytest.mark.slow
@@ -20,7 +17,7 @@ def test_analyze_values_stores_a_tidy_table_and_draws_figures(tmp_path: Path, ti
 
     args = ["analyze", "values", "--model", "tiny-qwen3", "--task", "fidelity", "--limit", "1"]
     args += ["--group", "16", "--db", "runs", "--out", "figures"]
-    done = subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    done = kvbench(*args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
     rows = con.execute(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 
 from kvbench.errors import SpecError
 from kvbench.runner.plan import RunRequest, plan
@@ -17,7 +18,6 @@ from kvbench.specs.model import load_model_spec
 from kvbench.specs.task import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 GSM8K = ROOT / "tests" / "fixtures" / "hub" / "openai" / "gsm8k"
 
 
@@ -98,7 +98,7 @@ def test_a_thinking_models_answer_is_read_after_its_marker(tmp_path: Path) -> No
     thinking.write_text(text + "thinking: true\n")
     args = ["--model", str(thinking), "--task", "gsm8k", "--data", str(GSM8K), "--policy", "snapkv"]
     args += ["--budget", "384", "--max-new-tokens", "8", "--limit", "1", "--samples", "2", "--no-baselines"]
-    done = subprocess.run([KVBENCH, "run", *args, "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+    done = kvbench("run", *args, "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     (manifest,) = (tmp_path / "runs" / "shards").glob("*/manifest.json")
     assert json.loads(manifest.read_text())["thinking"] is True
@@ -110,9 +110,7 @@ def test_a_thinking_models_answer_is_read_after_its_marker(tmp_path: Path) -> No
     outputs = [f"reasoning</think> The answer is {answer}", f"The answer is {answer}"]
     edited = [r.model_copy(update={"output": o}) for r, o in zip(records, outputs, strict=True)]
     ShardStore(tmp_path / "runs", manifest.parent.name).write(problem.problem_id, edited)
-    graded = subprocess.run(
-        [KVBENCH, "grade", manifest.parent.name], capture_output=True, text=True, cwd=tmp_path
-    )
+    graded = kvbench("grade", manifest.parent.name, cwd=tmp_path)
     assert graded.returncode == 0, graded.stderr
     con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)
     rows = con.execute("SELECT sample, correct, no_answer FROM samples ORDER BY sample").fetchall()

@@ -3,20 +3,14 @@ letter_overlap) reads back after re-grading exactly as the run stored it, in the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 from lm_eval_fixtures import letter_overlap
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 WORDS = ["apple", "river", "candle", "garden", "winter", "bridge", "pencil", "market"]
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=900)
 
 
 def stored(db: Path) -> dict[tuple[str, int], tuple[float, bool, str, str]]:

@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 from lm_eval_fixtures import letter_overlap
 
 from kvbench.errors import SpecError
 from kvbench.runner.plan import RunRequest, plan
 from kvbench.specs.task import load_task
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 WORDS = ["apple", "river", "candle", "garden", "winter", "bridge", "pencil", "market"]
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=900)
 
 
 def rows(db: Path, sql: str) -> list[tuple]:

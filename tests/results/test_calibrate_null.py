@@ -5,15 +5,13 @@ protocol seeds must come out "beats" or "loses" no more often than α, over enou
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from invoke import kvbench
 from scipy.stats import binomtest
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 PAIRS = 24
 """With no false positive in 24 comparisons the upper 95% Clopper-Pearson bound is 14.2%: below 15%."""
 TASK = """
@@ -42,22 +40,16 @@ limit: 8
 def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(tmp_path: Path) -> None:
     (tmp_path / "aa-fidelity.yaml").write_text(TASK)
     (tmp_path / "aa.yaml").write_text(SUITE.format(task=tmp_path / "aa-fidelity.yaml"))
-    done = subprocess.run(
-        [
-            KVBENCH,
-            "calibrate-null",
-            "--suite",
-            "aa.yaml",
-            "--pairs",
-            str(PAIRS),
-            "--json",
-            "aa.json",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    done = kvbench(
+        "calibrate-null",
+        "--suite",
+        "aa.yaml",
+        "--pairs",
+        str(PAIRS),
+        "--json",
+        "aa.json",
+        "--quiet",
         cwd=tmp_path,
-        timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "aa.json").read_text())

@@ -8,8 +8,6 @@ import gzip
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import duckdb
 import pyarrow as pa
 import pydantic
 import pytest
+from invoke import kvbench
 
 from kvbench.results.check import outputs_digest
 from kvbench.store import records
@@ -24,7 +23,6 @@ from kvbench.store.ingest import SCHEMA
 from kvbench.store.records import INT32, RunRecord, SampleRecord, arrow_schema, table_ddl
 from kvbench.store.shards import ADDED_IN_6, ADDED_IN_8, ADDED_IN_9, upgrade
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 V4 = Path(__file__).resolve().parents[1] / "fixtures" / "store-v4"
 
 
@@ -151,13 +149,13 @@ def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) ->
     expected = old_values(runs / "kvbench.duckdb")
     assert len(expected) == 24 and any(row[11] is not None for row in expected)  # generated rows too
 
-    refused = subprocess.run([KVBENCH, "ingest"], capture_output=True, text=True, cwd=tmp_path)
+    refused = kvbench("ingest", cwd=tmp_path)
     assert refused.returncode != 0
     assert f"schema 4, this kvbench writes {records.SCHEMA_VERSION}" in refused.stderr
     assert "kvbench ingest --rebuild --out runs" in refused.stderr
     assert old_values(runs / "kvbench.duckdb") == expected  # the refused database is left as it was
 
-    rebuilt = subprocess.run([KVBENCH, "ingest", "--rebuild"], capture_output=True, text=True, cwd=tmp_path)
+    rebuilt = kvbench("ingest", "--rebuild", cwd=tmp_path)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert new_values(runs / "kvbench.duckdb") == expected
     con = duckdb.connect(str(runs / "kvbench.duckdb"), read_only=True)
@@ -176,8 +174,6 @@ def test_an_old_store_is_refused_then_rebuilt_from_its_shards(tmp_path: Path) ->
     old.close()
     new.close()
     # the rebuilt store reads like a new one: compare pairs its arms
-    compared = subprocess.run(
-        [KVBENCH, "compare", "--format", "json"], capture_output=True, text=True, cwd=tmp_path
-    )
+    compared = kvbench("compare", "--format", "json", cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr
     assert {r["policy"] for r in json.loads(compared.stdout)} == {"snapkv"}

@@ -4,12 +4,12 @@ StreamingLLM's cache (prompt protected, needle pinned or not, most recent tokens
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 import torch
+from invoke import kvbench
 
 from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
@@ -17,7 +17,6 @@ from kvbench.runner.execute import cell_problems
 from kvbench.runner.plan import RunRequest, plan
 from kvbench.runner.probe_units import encode_problem
 
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
 BUDGET, BUFFER = 256, 64  # protect-prompt's buffer; four events over this trace
 
 TASK = """\
@@ -72,33 +71,15 @@ def answer_logprob(
 
 @pytest.mark.slow
 def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, tiny: LoadedModel) -> None:
-    import subprocess
-
     stored = {}
     for pins in (0, 1, tiny.facts.num_kv_heads):
         task = tmp_path / f"planted-pin{pins}.yaml"
         task.write_text(TASK.format(name=f"planted-pin{pins}", pins=pins))
-        result = subprocess.run(
-            [
-                KVBENCH,
-                "run",
-                "--model",
-                "tiny-qwen3",
-                "--task",
-                str(task),
-                "--policy",
-                "streaming",
-                "--budget",
-                str(BUDGET),
-                "--samples",
-                "1",
-                "--no-baselines",
-                "--quiet",
-            ],
-            capture_output=True,
-            text=True,
+        result = kvbench(
+            "run",
+            *("--model", "tiny-qwen3", "--task", str(task), "--policy", "streaming", "--budget", str(BUDGET)),
+            *("--samples", "1", "--no-baselines", "--quiet"),
             cwd=tmp_path,
-            timeout=600,
         )
         assert result.returncode == 0, result.stderr
         con = duckdb.connect(str(tmp_path / "runs" / "kvbench.duckdb"), read_only=True)

@@ -5,19 +5,12 @@ name, and no folder name, ever becomes SQL."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-KVBENCH = str(Path(sys.executable).parent / "kvbench")
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([KVBENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+from invoke import kvbench
 
 
 def tables(database: Path) -> set[str]:

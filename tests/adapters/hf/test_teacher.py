@@ -8,7 +8,7 @@ import torch
 from kvbench.adapters.base import Watch
 from kvbench.adapters.hf.decode import generate
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.adapters.hf.teacher import teacher_force
+from kvbench.adapters.hf.teacher import FullCacheMemo, teacher_force
 from kvbench.core.engine import PinnedSlots
 from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
@@ -102,3 +102,69 @@ def test_needle_survival_counts_the_watched_positions_held(tiny: LoadedModel, pi
     )
     assert plain.survival is None
     assert torch.allclose(plain.logprobs, forced.logprobs, atol=1e-4, rtol=0)  # the extra cut changes nothing
+
+
+def test_the_full_cache_runs_once_per_problem_and_the_next_policy_reads_it_bit_for_bit(
+    tiny: LoadedModel,
+) -> None:
+    """Policies that share K and B share the full cache's chunks, so its predictions are made once per
+    problem; another problem or another K makes them again. What a policy reads is what it would have
+    computed itself, and what a plain forward over the whole sequence predicts."""
+    prompt, cont = tiny.prompt_ids("one reference"), _continuation(200, seed=5)
+    forwards = []
+    hook = tiny.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        memo = FullCacheMemo()
+
+        def traced(name: str, schedule: Schedule = SCHEDULE, tokens: list[int] = cont, **kw: object) -> int:
+            before = len(forwards)
+            teacher_force(
+                tiny, prompt, tokens, make_policy(name), schedule, row_seeds=[2], reference=True, **kw
+            )
+            return len(forwards) - before
+
+        both = traced("snapkv", memo=memo)
+        first = memo.logprobs
+        policy_only = traced("random", memo=memo)
+        assert memo.logprobs is first is not None  # read, not made again
+        assert both == 2 * policy_only and policy_only > 10
+        assert traced("random") == 2 * policy_only  # without the memo: the full cache runs beside it
+        other_k = traced("h2o", Schedule(budget=80, buffer=16), memo=memo)
+        assert other_k == 2 * policy_only  # another K
+        traced("h2o", tokens=cont[:150], memo=memo)  # another problem
+        assert memo.logprobs is not None and memo.logprobs.shape[1] == 150
+    finally:
+        hook.remove()
+
+    shared, alone = FullCacheMemo(), None
+    teacher_force(
+        tiny, prompt, cont, make_policy("snapkv"), SCHEDULE, row_seeds=[2], reference=True, memo=shared
+    )
+    read = teacher_force(
+        tiny, prompt, cont, make_policy("h2o"), SCHEDULE, row_seeds=[2], reference=True, memo=shared
+    )
+    alone = teacher_force(tiny, prompt, cont, make_policy("h2o"), SCHEDULE, row_seeds=[2], reference=True)
+    assert torch.equal(read.kl_to_full, alone.kl_to_full)
+    assert torch.equal(read.top1_agrees_with_full, alone.top1_agrees_with_full)
+    with torch.inference_mode():
+        whole = tiny.model(input_ids=torch.tensor([prompt + cont[:-1]])).logits.float().log_softmax(-1)
+    assert shared.logprobs is not None
+    assert torch.allclose(shared.logprobs[0], whole[0, len(prompt) - 1 :], atol=1e-4, rtol=0)
+
+
+def test_the_full_arm_is_its_own_reference(tiny: LoadedModel) -> None:
+    """The full arm's stream is the full cache's: compared with itself, not run twice."""
+    prompt, cont = tiny.prompt_ids("itself"), _continuation(120, seed=6)
+    forwards = []
+    hook = tiny.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        forced = teacher_force(
+            tiny, prompt, cont, make_policy("full"), SCHEDULE, row_seeds=[1], reference=True
+        )
+        with_reference = len(forwards)
+        teacher_force(tiny, prompt, cont, make_policy("full"), SCHEDULE, row_seeds=[1])
+    finally:
+        hook.remove()
+    assert with_reference == len(forwards) - with_reference > 5
+    assert forced.kl_to_full is not None and forced.top1_agrees_with_full is not None
+    assert float(forced.kl_to_full.abs().max()) == 0.0 and bool(forced.top1_agrees_with_full.all())
