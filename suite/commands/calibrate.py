@@ -68,7 +68,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def replicate_cells(args: argparse.Namespace) -> list[Cell]:
-    """The suite's null and full-cache cells at 2 × pairs protocol seeds from the protocol's own."""
+    """The suite's null cells at 2 × pairs protocol seeds from the protocol's own, with the full-cache
+    cells that their K waits on (a measured N_avg); a probe's K is fixed, and no A/A comparison reads
+    the full cache, so a probe's is not run."""
     from kvbench.runner.plan import RunRequest, plan
     from kvbench.specs.resolved import Role
 
@@ -82,7 +84,9 @@ def replicate_cells(args: argparse.Namespace) -> list[Cell]:
     cells: list[Cell] = []
     for seed in range(start, start + 2 * args.pairs):
         planned = first if seed == start else plan(request(seed))
-        cells += [c for c in planned if c.role in (Role.NULL, Role.REFERENCE)]
+        nulls = [c for c in planned if c.role == Role.NULL]
+        awaited = {c.pending.reference_run for c in nulls if c.pending is not None}
+        cells += nulls + [c for c in planned if c.role == Role.REFERENCE and c.run_id in awaited]
     return list({c.run_id: c for c in cells}.values())
 
 

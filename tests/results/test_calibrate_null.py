@@ -63,6 +63,8 @@ def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(t
     for seed, problem, score in rows:
         scores.setdefault(seed, {})[problem] = score
     assert sorted(scores) == list(range(2 * PAIRS)) and all(len(s) == 8 for s in scores.values())
+    # a probe's K is fixed: no full-cache arm was run for it
+    assert con.execute("SELECT DISTINCT policy FROM runs").fetchall() == [("random",)]
     different, discordant = 0, 0
     for i in range(PAIRS):  # disjoint pairs: seeds 2i and 2i + 1
         a, b = scores[2 * i], scores[2 * i + 1]
@@ -79,3 +81,30 @@ def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(t
     assert (calibration["low"], calibration["high"]) == pytest.approx((interval.low, interval.high))
     assert calibration["false_positive_rate"] <= 0.05 and calibration["high"] < 0.15
     assert f"over {PAIRS} comparisons" in done.stdout
+
+
+def test_a_full_cache_arm_is_run_only_where_the_nulls_budget_waits_on_it(tmp_path: Path) -> None:
+    """A generated task's K follows its full cache's measured N_avg at each seed, so that arm runs with
+    it; a probe's K is the trace's, so its full cache is left out."""
+    import argparse
+
+    from kvbench.commands.calibrate import replicate_cells
+
+    suite = tmp_path / "mixed.yaml"
+    suite.write_text(
+        "spec_version: 1\nname: mixed\ndescription: a generated task and a probe\nmodels: [tiny-qwen3]\n"
+        "tasks: [gsm8k, passkey]\npolicies: [snapkv]\nprotocol: protect-prompt\nlimit: 2\n"
+    )
+    cells = replicate_cells(argparse.Namespace(suite=str(suite), model=[], task=[], limit=None, pairs=2))
+    planned = sorted((c.protocol.seed, c.task.name, c.role.value, c.policy.name) for c in cells)
+    assert planned == [
+        (seed, task, role, policy)
+        for seed in range(4)
+        for task, role, policy in [
+            ("gsm8k", "null", "random"),
+            ("gsm8k", "reference", "full"),
+            ("passkey", "null", "random"),
+        ]
+    ]
+    full = {c.run_id for c in cells if c.role.value == "reference"}
+    assert {c.pending.reference_run for c in cells if c.pending is not None} == full
