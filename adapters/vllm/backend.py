@@ -30,6 +30,7 @@ from kvbench.adapters.vllm.plugin import ACTIVE
 from kvbench.adapters.vllm.request_config import RequestConfig
 from kvbench.core.contract import ModelFacts, Policy
 from kvbench.core.engine import PinnedSlots
+from kvbench.core.retention import Retention
 from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError
 
@@ -141,9 +142,11 @@ class VLLMBackend:
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
             reason = "stop" if completion.finish_reason == "stop" else "length"
-            events = int(stats.get(tag, {}).get("events", 0))
+            found = stats.get(tag, {})
+            kept = found.get("retention")
             text = before_stop(self.loaded.tokenizer.decode(tokens, skip_special_tokens=True), stop_strings)
-            samples.append(Sample(tokens, text, reason, events))  # type: ignore[arg-type]
+            retention = Retention(**kept) if kept is not None else None
+            samples.append(Sample(tokens, text, reason, int(found.get("events", 0)), retention))  # type: ignore[arg-type]
         select = sum(s.get("seconds_select", 0.0) for s in stats.values())
         move = sum(s.get("seconds_move", 0.0) for s in stats.values())
         return Generation(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,6 +48,19 @@ class RequestEviction:
     @property
     def events(self) -> int:
         return self.evictor.stats.events
+
+    def report(self) -> dict[str, Any]:
+        """What the backend reads of the request: its events, the seconds of each part, and what its KV
+        heads kept at the last event (kvbench.core.retention's fields; None before one). Plain numbers and
+        lists, which any of vLLM's RPC encodings carries."""
+        log = self.evictor.retention
+        kept = log.row(0) if log is not None else None
+        return {
+            "events": self.events,
+            "seconds_select": self.seconds_select,
+            "seconds_move": self.seconds_move,
+            "retention": asdict(kept) if kept is not None else None,
+        }
 
     def positions(self, layer: int, stored: int, length: int, heads: int, device: torch.device) -> Tensor:
         """[1, Hkv, stored] positions of the slots: the kept ones, then the tokens written since."""

@@ -255,13 +255,9 @@ class Evictions:
             return
         if self.capture is not None:
             self.capture.recent.pop(tag, None)
-        self.finished[tag] = {
-            "events": request.events,
-            "seconds_select": request.seconds_select,
-            "seconds_move": request.seconds_move,
-        }
+        self.finished[tag] = request.report()
 
-    def stats(self, tags: list[str]) -> dict[str, dict[str, float]]:
+    def stats(self, tags: list[str]) -> dict[str, dict[str, Any]]:
         """Eviction statistics of the requests tagged ``tags`` (finished ones are then forgotten).
 
         The last requests of a batch finish without a later step telling the worker, so live ones are
@@ -272,12 +268,7 @@ class Evictions:
             if tag in self.finished:
                 found[tag] = self.finished.pop(tag)
             elif tag in live:
-                request = live[tag]
-                found[tag] = {
-                    "events": request.events,
-                    "seconds_select": request.seconds_select,
-                    "seconds_move": request.seconds_move,
-                }
+                found[tag] = live[tag].report()
         return found
 
 

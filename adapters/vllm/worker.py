@@ -24,7 +24,7 @@ class EvictingWorkerMixin:
             )
         make_evicting(self.model_runner)
 
-    def kvbench_stats(self, tags: list[str]) -> dict[str, dict[str, float]]:
+    def kvbench_stats(self, tags: list[str]) -> dict[str, dict[str, Any]]:
         return self.model_runner.kvbench.stats(tags)
 
     def kvbench_engine_stats(self, reset: bool = False) -> dict[str, int]:

@@ -9,6 +9,7 @@ queries. No vLLM is needed: this is the memory-moving half of the vLLM adapter.
 from __future__ import annotations
 
 import random
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -146,3 +147,6 @@ def test_paged_compaction_equals_the_engine(name: str, content: str) -> None:
             other.compare(views)
             assert len(other.blocks) <= other.paged.blocks(other.length, BLOCK)
     assert all(r.eviction.events > b for r, b in zip(requests, before_events, strict=True))
+    for request in requests:  # the telemetry the worker reports is what the dense engine kept
+        dense = request.dense.evictor.retention.row(0)
+        assert dense is not None and request.eviction.report()["retention"] == asdict(dense)

@@ -291,10 +291,24 @@ def test_kvbench_run_through_vllm_lands_in_duckdb_and_compare_reads_it(tmp_path:
             "SELECT r.policy, r.adapter, count(*), sum(s.evictions), min(s.generated_tokens) "
             "FROM runs r JOIN samples s USING (run_id) GROUP BY ALL ORDER BY 1"
         ).fetchall()
+        telemetry = con.execute(
+            "SELECT r.policy, s.head_coverage, s.kept_by_age, s.prompt_held_any FROM runs r "
+            "JOIN samples s USING (run_id)"
+        ).fetchall()
     finally:
         con.close()
     assert [r[:3] for r in rows] == [("full", "vllm", 4), ("random", "vllm", 4), ("snapkv", "vllm", 4)]
     assert rows[0][3] == 0 and rows[1][3] > 0 and rows[2][3] > 0
+    # what each KV head kept at the last event travels from the worker into the store: per layer, a
+    # coverage between 1/Hkv (every head kept the same tokens) and 1; the full cache has no event
+    facts = load_model_spec(MODEL)
+    for policy, coverage, by_age, prompt in telemetry:
+        if policy == "full":
+            assert coverage is None and by_age is None and prompt is None
+        else:
+            assert coverage is not None and len(coverage) == len(prompt) == facts.source.layers, policy
+            assert all(1 / facts.source.kv_heads - 1e-6 <= c <= 1 + 1e-6 for c in coverage), coverage
+            assert len(by_age) == 10 and 0 < max(by_age) <= 1
     compare = subprocess.run([KVBENCH, "compare"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert compare.returncode == 0, compare.stderr
     assert "snapkv" in compare.stdout and "random" in compare.stdout
