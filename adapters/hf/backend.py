@@ -19,7 +19,9 @@ class HFBackend:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
         self.facts: ModelFacts = loaded.facts
-        self._full_cache_memo: Any = None  # teacher.FullCacheMemo: the last problem's full-cache predictions
+        from kvbench.adapters.hf.teacher import FullCacheMemo
+
+        self._full_cache_memo = FullCacheMemo()  # the last problem's full-cache predictions
 
     def encode(self, text: str) -> list[int]:
         return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -41,10 +43,8 @@ class HFBackend:
         pinned: PinnedSlots | None = None,
         watch: Watch | None = None,
     ) -> TeacherForced:
-        from kvbench.adapters.hf.teacher import FullCacheMemo, teacher_force
+        from kvbench.adapters.hf.teacher import teacher_force
 
-        if self._full_cache_memo is None:
-            self._full_cache_memo = FullCacheMemo()
         return teacher_force(
             self.loaded,
             prompt_ids,

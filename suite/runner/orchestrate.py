@@ -151,9 +151,9 @@ class _Run:
                     units.append(Unit(cell, problem_id))
         # a problem's cells one after another: a teacher-forced probe's full-cache predictions are made
         # once per problem and read by every policy after the first (adapters/hf/teacher.py)
-        tasks = list(dict.fromkeys(cell.task.name for cell in cells))
+        tasks = {name: i for i, name in enumerate(dict.fromkeys(cell.task.name for cell in cells))}
         order = {
-            (cell.task.name, problem): (tasks.index(cell.task.name), i)
+            (cell.task.name, problem): (tasks[cell.task.name], i)
             for cell in cells
             for i, problem in enumerate(prepared.problems[cell.run_id])
         }
