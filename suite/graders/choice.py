@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.core.seeding import stable_seed
+from kvbench.graders.registry import BinaryVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "choice-1"
@@ -46,33 +47,11 @@ def extract_letter(text: str) -> str | None:
     return plain[-1] if plain else None
 
 
-@dataclass(frozen=True)
-class ChoiceVerdict:
-    correct: bool
-    no_answer: bool
-    extracted: str | None
-    version: str = GRADER_VERSION
-
-    @property
-    def detail(self) -> str | None:
-        """The letter the grader read."""
-        return self.extracted
-
-    @property
-    def score(self) -> float:
-        """The sample's value of the task's metric: 1 when correct, else 0."""
-        return float(self.correct)
-
-    @property
-    def reason(self) -> str | None:
-        """Why the sample is not correct (None when it is)."""
-        return None if self.correct else "no answer" if self.no_answer else "wrong answer"
-
-
-def grade_choice(output: str, answer: str, *, thinking: bool = False) -> ChoiceVerdict:
+def grade_choice(output: str, answer: str, *, thinking: bool = False) -> BinaryVerdict:
+    """The verdict on the letter the grader read (its ``detail``)."""
     final = final_answer(output, thinking=thinking)
     letter = extract_letter(final) if final is not None else None
-    return ChoiceVerdict(correct=letter == answer, no_answer=letter is None, extracted=letter)
+    return BinaryVerdict(letter == answer, letter is None, letter, GRADER_VERSION)
 
 
 class ChoiceTaskGrader:
@@ -90,7 +69,7 @@ class ChoiceTaskGrader:
         prompt = task.prompt.replace("{question}", question).replace("{choices}", choices)
         return prompt, {"answer": shuffled.answer, "order": list(shuffled.order)}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> ChoiceVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
         return grade_choice(output, gold["answer"], thinking=thinking)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from kvbench.graders.registry import BinaryVerdict
 from kvbench.graders.sandbox import HARNESS, Limits, Outcome, Sandbox
 from kvbench.graders.thinking import final_answer
 
@@ -29,7 +30,6 @@ DEFAULT_LIMITS = Limits()
 __all__ = [
     "CodeTaskGrader",
     "CodeTest",
-    "CodeVerdict",
     "Limits",
     "decode_tests",
     "extract_code",
@@ -42,31 +42,6 @@ class CodeTest:
     input: str
     output: str
     kind: str  # "stdin" | "functional"
-
-
-@dataclass(frozen=True)
-class CodeVerdict:
-    correct: bool
-    no_answer: bool
-    failed: str | None
-    """Why the first failing test failed: ``test N: REASON`` (timeout, output limit, exit N, wrong answer,
-    malformed result)."""
-    version: str = GRADER_VERSION
-
-    @property
-    def detail(self) -> str | None:
-        """Why the first failing test failed (the code itself is kept in the output)."""
-        return self.failed
-
-    @property
-    def score(self) -> float:
-        """The sample's value of the task's metric: 1 when correct, else 0."""
-        return float(self.correct)
-
-    @property
-    def reason(self) -> str | None:
-        """Why the sample is not correct (None when it is): which test failed, and how."""
-        return self.failed
 
 
 def extract_code(text: str) -> str | None:
@@ -134,19 +109,23 @@ def grade_code(
     thinking: bool = False,
     limits: Limits = DEFAULT_LIMITS,
     sandbox: Sandbox | None = None,
-) -> CodeVerdict:
+) -> BinaryVerdict:
+    """The verdict on the last python block; when it fails, its detail and reason say why the first
+    failing test failed: ``test N: REASON`` (timeout, output limit, exit N, wrong answer, malformed
+    result)."""
     answer = final_answer(output, thinking=thinking)
     code = extract_code(answer) if answer is not None else None
     if code is None:
-        return CodeVerdict(correct=False, no_answer=True, failed="no code block")
+        return BinaryVerdict(False, True, "no code block", GRADER_VERSION, failure="no code block")
     sandbox = sandbox or Sandbox()
     sandbox.check()  # a missing boundary stops the run, never grades a sample
     files = {"solution.py": code, "harness.py": HARNESS.read_text()}  # read once for every test
     for number, test in enumerate(tests):
         reason = _run_test(sandbox, files, test, function, limits)
         if reason is not None:
-            return CodeVerdict(correct=False, no_answer=False, failed=f"test {number}: {reason}")
-    return CodeVerdict(correct=True, no_answer=False, failed=None)
+            failed = f"test {number}: {reason}"
+            return BinaryVerdict(False, False, failed, GRADER_VERSION, failure=failed)
+    return BinaryVerdict(True, False, None, GRADER_VERSION)
 
 
 class CodeTaskGrader:
@@ -173,7 +152,7 @@ class CodeTaskGrader:
         prompt = task.prompt.replace("{question}", question).replace("{format}", form)
         return prompt, {"tests": tests, "function": function}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> CodeVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
         return grade_code(output, gold["tests"], gold["function"], thinking=thinking)
 
     def close(self) -> None:

@@ -9,40 +9,14 @@ graded wrong (``grader_timeout``), and the next answer gets a fresh pool. Nothin
 from __future__ import annotations
 
 import multiprocessing
-from dataclasses import dataclass
 from multiprocessing.pool import Pool
 from typing import Any, Literal
 
+from kvbench.graders.registry import BinaryVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "math-1 (math-verify 0.9)"
 AnswerKind = Literal["latex", "integer"]
-
-
-@dataclass(frozen=True)
-class MathVerdict:
-    correct: bool
-    no_answer: bool
-    extracted: str | None
-    grader_timeout: bool = False
-    version: str = GRADER_VERSION
-
-    @property
-    def detail(self) -> str | None:
-        """What the grader read as the answer."""
-        return self.extracted
-
-    @property
-    def score(self) -> float:
-        """The sample's value of the task's metric: 1 when correct, else 0."""
-        return float(self.correct)
-
-    @property
-    def reason(self) -> str | None:
-        """Why the sample is not correct (None when it is)."""
-        if self.correct:
-            return None
-        return "grader timeout" if self.grader_timeout else "no answer" if self.no_answer else "wrong answer"
 
 
 def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]:
@@ -88,17 +62,17 @@ class MathGrader:
 
     def grade(
         self, output: str, gold: str, *, kind: AnswerKind = "latex", thinking: bool = False
-    ) -> MathVerdict:
+    ) -> BinaryVerdict:
         answer = final_answer(output, thinking=thinking)
         if answer is None or not answer.strip():
-            return MathVerdict(correct=False, no_answer=True, extracted=None)
+            return BinaryVerdict(False, True, None, GRADER_VERSION)
         pending = self._workers().apply_async(_verify, (gold, answer, kind))
         try:
             correct, extracted = pending.get(timeout=self.timeout)
         except multiprocessing.TimeoutError:
             self.close()  # the worker may be stuck in sympy: kill it with its pool
-            return MathVerdict(correct=False, no_answer=False, extracted=None, grader_timeout=True)
-        return MathVerdict(correct=correct, no_answer=extracted is None, extracted=extracted)
+            return BinaryVerdict(False, False, None, GRADER_VERSION, failure="grader timeout")
+        return BinaryVerdict(correct, extracted is None, extracted, GRADER_VERSION)
 
 
 class MathTaskGrader:
@@ -115,7 +89,7 @@ class MathTaskGrader:
             answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
         return task.prompt.replace("{question}", question), {"answer": answer}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> MathVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
         return self._grader.grade(output, gold["answer"], kind=task.answer_kind, thinking=thinking)
 
     def close(self) -> None:

@@ -32,6 +32,33 @@ class Verdict(Protocol):
     def detail(self) -> str | None: ...
 
 
+@dataclass(frozen=True)
+class BinaryVerdict:
+    """A right-or-wrong verdict (the math, choice and code graders'): 1 when correct, else 0."""
+
+    correct: bool
+    no_answer: bool
+    detail: str | None
+    """What the grader read as the answer (a letter, an expression), or why the first test failed (the
+    code itself is kept in the output)."""
+    version: str
+    failure: str | None = None
+    """Why it is wrong when that is more than a missing or wrong answer: a grader timeout, which test
+    failed and how."""
+
+    @property
+    def score(self) -> float:
+        """The sample's value of the task's metric: 1 when correct, else 0."""
+        return float(self.correct)
+
+    @property
+    def reason(self) -> str | None:
+        """Why the sample is not correct (None when it is)."""
+        if self.correct:
+            return None
+        return self.failure or ("no answer" if self.no_answer else "wrong answer")
+
+
 class Grader(Protocol):
     """What the runner asks of a grader (for the generating tasks; probes score themselves)."""
 

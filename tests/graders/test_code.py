@@ -19,7 +19,7 @@ def fenced(code: str) -> str:
 def test_a_correct_program_passes_and_a_wrong_one_fails() -> None:
     assert grade_code(fenced("a, b = map(int, input().split())\nprint(a + b)"), ADD, limits=LIMITS).correct
     verdict = grade_code(fenced("print(7)"), ADD, limits=LIMITS)
-    assert not verdict.correct and verdict.failed == "test 1: wrong answer"
+    assert not verdict.correct and verdict.reason == "test 1: wrong answer"
 
 
 @needs_sandbox

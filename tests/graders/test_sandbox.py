@@ -129,7 +129,7 @@ def attack(host: Host, payload: str, expected: str, mode: str, *, limits: Limits
     if mode == "graded":
         verdict = grade_code(f"```python\n{code}\n```", [CodeTest("", expected, "stdin")], limits=limits)
         assert not verdict.correct, f"escaped: {verdict}"
-        reason = verdict.failed.split(": ", 1)[1]
+        reason = verdict.reason.split(": ", 1)[1]
     else:
         outcome = Sandbox().run(
             {"solution.py": code, "harness.py": BARE}, ["harness.py", "solution.py"], b"", limits
@@ -330,7 +330,7 @@ def test_forged_protocol_data_is_never_believed(host: Host, forge: str, body: st
     tests = [CodeTest("[1, 2, 3]\n2", "[2, 4, 6]", "functional")]
     code = FORGED.format(forge=forge, body=body)
     verdict = grade_code(f"```python\n{code}\n```", tests, "scale", limits=LIMITS)
-    assert not verdict.correct and verdict.failed == f"test 0: {reason}"
+    assert not verdict.correct and verdict.reason == f"test 0: {reason}"
     assert _survivors() == []
 
 
@@ -341,7 +341,7 @@ def test_a_malformed_result_on_the_channel_is_a_verdict(host: Host) -> None:
     code += "        x = []\n        for _ in range(50000):\n            x = [x]\n        return x"
     verdict = grade_code(f"```python\n{code}\n```", tests, "scale", limits=LIMITS)
     assert not verdict.correct
-    assert verdict.failed == "test 0: malformed result" or verdict.failed.startswith("test 0: exit ")
+    assert verdict.reason == "test 0: malformed result" or verdict.reason.startswith("test 0: exit ")
 
 
 @pytest.mark.parametrize("mode", MODES)
