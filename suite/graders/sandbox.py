@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from kvbench.errors import PrerequisiteError
 
@@ -118,19 +119,48 @@ def _as_unprivileged() -> dict:
     return {}
 
 
-def _rlimits(limits: Limits):
+def rlimits(caps: dict[int, int]) -> Callable[[], None]:
+    """A ``preexec_fn`` that sets each resource's soft and hard limit to its cap."""
+
     def apply() -> None:
-        for which, value in (
-            (resource.RLIMIT_CPU, limits.cpu_seconds),
-            (resource.RLIMIT_AS, limits.memory_bytes),
-            (resource.RLIMIT_FSIZE, limits.file_bytes),
-            (resource.RLIMIT_NOFILE, limits.open_files),
-            (resource.RLIMIT_NPROC, limits.processes),
-            (resource.RLIMIT_CORE, 0),
-        ):
+        for which, value in caps.items():
             resource.setrlimit(which, (value, value))
 
     return apply
+
+
+def program_folder(prefix: str, files: dict[str, bytes]) -> Path:
+    """A fresh folder holding ``files`` (name -> content), readable by the unprivileged user that runs the
+    sandbox, to be bound read-only inside it; the caller removes it."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        (folder / name).chmod(0o644)
+    folder.chmod(0o755)
+    return folder
+
+
+def launch(command: list[str], preexec_fn: Callable[[], None], **popen: Any) -> subprocess.Popen:
+    """Start bwrap's ``command`` in a session of its own (so that :func:`kill` takes its whole tree), with
+    stdin, stdout and stderr as pipes and only BWRAP_ENVIRONMENT: bwrap's own processes are visible
+    inside, and they carry no secret either."""
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=BWRAP_ENVIRONMENT,
+        preexec_fn=preexec_fn,
+        start_new_session=True,
+        **popen,
+    )
+
+
+def kill(process: subprocess.Popen) -> None:
+    """Kill bwrap's process group; the namespace's init dies with it, and every process inside with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def boundary(
@@ -207,12 +237,11 @@ class Sandbox:
         The token ``{result_fd}`` in ``argv`` becomes the number of the result channel's write end.
         """
         self.check()
-        folder = Path(tempfile.mkdtemp(prefix="kvbench-program-"))
+        return self._run(files, argv, stdin, limits)
+
+    def _run(self, files: dict[str, str], argv: list[str], stdin: bytes, limits: Limits) -> Outcome:
+        folder = program_folder("kvbench-program-", {name: text.encode() for name, text in files.items()})
         try:
-            for name, text in files.items():
-                (folder / name).write_text(text)
-                (folder / name).chmod(0o644)
-            folder.chmod(0o755)  # readable by the unprivileged user that runs the sandbox
             inside = [f"{INSIDE}/{a}" if a in files else a for a in argv]
             return _supervise(lambda fd: self.command(str(folder), inside, limits, fd), stdin, limits)
         finally:
@@ -227,19 +256,12 @@ def _probe(bwrap: str | None) -> str | None:
             "code tasks run model-written programs inside bubblewrap, which is not installed: "
             "apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap, then run again"
         )
-    folder = tempfile.mkdtemp(prefix="kvbench-probe-")
-    try:
-        os.chmod(folder, 0o755)
-        command = Sandbox(bwrap).command(folder, ["-c", "print('ok')"], Limits())
-        done = subprocess.run(
-            command, capture_output=True, timeout=60, env=BWRAP_ENVIRONMENT, **_as_unprivileged()
-        )
+    try:  # the way every program runs, under the default limits and a longer wall limit
+        done = Sandbox(bwrap)._run({}, ["-c", "print('ok')"], b"", Limits(wall_seconds=60))
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap ({bwrap}) could not start: {exc}"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if done.returncode != 0 or done.stdout.strip() != b"ok":
-        reason = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+    if done.status != 0 or done.stdout.strip() != b"ok":
+        reason = done.stderr.decode(errors="replace").strip() or done.killed or f"exit {done.status}"
         return (
             f"bubblewrap ({bwrap}) cannot create its namespaces here ({reason}): enable unprivileged user "
             "namespaces (sysctl kernel.unprivileged_userns_clone=1, or user.max_user_namespaces > 0; in a "
@@ -251,17 +273,15 @@ def _probe(bwrap: str | None) -> str | None:
 def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
     """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits."""
     result_read, result_write = os.pipe()
-    process = subprocess.Popen(
-        command(result_write),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(result_write,),
-        env=BWRAP_ENVIRONMENT,  # bwrap's own processes are visible inside: they carry no secret either
-        preexec_fn=_rlimits(limits),
-        start_new_session=True,
-        **_as_unprivileged(),
-    )
+    caps = {
+        resource.RLIMIT_CPU: limits.cpu_seconds,
+        resource.RLIMIT_AS: limits.memory_bytes,
+        resource.RLIMIT_FSIZE: limits.file_bytes,
+        resource.RLIMIT_NOFILE: limits.open_files,
+        resource.RLIMIT_NPROC: limits.processes,
+        resource.RLIMIT_CORE: 0,
+    }
+    process = launch(command(result_write), rlimits(caps), pass_fds=(result_write,), **_as_unprivileged())
     os.close(result_write)
     assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
     feeder = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
@@ -299,7 +319,7 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
         except subprocess.TimeoutExpired:
             killed = "timeout"
     if killed is not None:
-        _kill(process)
+        kill(process)
     selector.close()
     os.close(result_read)
     for pipe in (process.stdin, process.stdout, process.stderr):
@@ -313,10 +333,3 @@ def _feed(pipe, data: bytes) -> None:
         pipe.close()
     except (BrokenPipeError, OSError, ValueError):
         pass  # the program exited (or was killed) without reading all of its input
-
-
-def _kill(process: subprocess.Popen) -> None:
-    """Kill bwrap's process group; the namespace's init dies with it, and every process inside with it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()

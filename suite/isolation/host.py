@@ -20,7 +20,6 @@ import selectors
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -32,7 +31,7 @@ from torch import Tensor
 
 from kvbench.core.contract import NEEDS, EvictionView, LayerState, Policy, StepView
 from kvbench.errors import ScorerError, SpecError
-from kvbench.graders.sandbox import BWRAP_ENVIRONMENT, Sandbox, boundary
+from kvbench.graders.sandbox import Sandbox, boundary, kill, launch, program_folder, rlimits
 from kvbench.isolation import messages, wire
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
@@ -80,24 +79,10 @@ class ScorerProcess:
         sandbox = Sandbox()
         sandbox.check()
         self.label, self.limits = label, limits
-        self.folder = Path(tempfile.mkdtemp(prefix="kvbench-scorer-"))
-        (self.folder / "scorer.py").write_bytes(source)
-        (self.folder / "scorer.py").chmod(0o644)
-        self.folder.chmod(0o755)
-        memory = limits.memory_bytes
-
-        def confine() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-        self.process = subprocess.Popen(
+        self.folder = program_folder("kvbench-scorer-", {"scorer.py": source})
+        self.process = launch(
             _command(str(sandbox.bwrap), self.folder, class_name, limits),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=BWRAP_ENVIRONMENT,
-            preexec_fn=confine,
-            start_new_session=True,
+            rlimits({resource.RLIMIT_AS: limits.memory_bytes, resource.RLIMIT_CORE: 0}),
         )
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self.log: collections.deque[bytes] = collections.deque()
@@ -151,9 +136,7 @@ class ScorerProcess:
 
 
 def _stop(process: subprocess.Popen, folder: Path) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, 9)
-    process.wait()
+    kill(process)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -169,30 +152,31 @@ class _DeadlineReader:
         return self
 
     def read(self, count: int) -> bytes:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.fd, selectors.EVENT_READ)
-            while True:
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                if selector.select(timeout=min(remaining, 1.0)):
-                    return os.read(self.fd, min(count, 1 << 24))
+        _wait(self.fd, selectors.EVENT_READ, self.deadline)
+        return os.read(self.fd, min(count, 1 << 24))
 
 
 def _write_by(fd: int, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     os.set_blocking(fd, False)
+    while view:
+        _wait(fd, selectors.EVENT_WRITE, deadline)
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue
+
+
+def _wait(fd: int, event: int, deadline: float) -> None:
+    """Return once ``fd`` is ready for ``event`` (a selectors event); TimeoutError past ``deadline``."""
     with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_WRITE)
-        while view:
+        selector.register(fd, event)
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
             if selector.select(timeout=min(remaining, 1.0)):
-                try:
-                    view = view[os.write(fd, view) :]
-                except BlockingIOError:
-                    continue
+                return
 
 
 class IsolatedPolicy(Policy):
