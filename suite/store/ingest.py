@@ -30,7 +30,7 @@ from kvbench.store.records import (
     SCHEMA_VERSION,
     RunRecord,
     SampleRecord,
-    arrow_schema,
+    run_table,
     table_ddl,
 )
 from kvbench.store.shards import read_manifest, read_shard
@@ -148,6 +148,16 @@ class IngestReport:
     snapshot: Path
 
 
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, verb: str = "INSERT") -> None:
+    """Arrow ``rows`` into ``table`` by column name, with ``verb`` (``INSERT``, ``INSERT OR IGNORE`` or
+    ``INSERT OR REPLACE``); ``table`` is one of kvbench's own tables, never a name from a file."""
+    con.register("rows_in", rows)
+    try:
+        con.execute(f"{verb} INTO {table} BY NAME SELECT * FROM rows_in")
+    finally:
+        con.unregister("rows_in")
+
+
 def _fingerprint(path: Path) -> str:
     stat = path.stat()
     return f"{stat.st_size}:{stat.st_mtime_ns}"
@@ -170,6 +180,15 @@ def writer_lock(root: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def publishing(database: Path) -> Iterator[Path]:
+    """The writer lock held over the block, which writes ``database``; then, unless it raised, a copy of
+    ``database`` published as its snapshot by atomic rename. Yields the snapshot's path."""
+    with writer_lock(database.parent):
+        yield snapshot_of(database)
+        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
 
 
 SERVE_DETAILS = (
@@ -333,15 +352,11 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
                 + "\nDelete (or move away) each damaged shard and run the same `kvbench run` again: it "
                 "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
             )
-        runs = [RunRecord.from_manifest(m).row() for m in read.values() if m is not None]
-        if runs:
-            con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
-            con.execute("INSERT OR IGNORE INTO runs BY NAME SELECT * FROM new_runs")
+        insert_rows(con, "runs", run_table(m for m in read.values() if m is not None), "INSERT OR IGNORE")
         if new:
             # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
             # an older schema is upgraded as it is read
-            con.register("new_samples", pa.concat_tables(tables))
-            con.execute("INSERT OR REPLACE INTO samples BY NAME SELECT * FROM new_samples")
+            insert_rows(con, "samples", pa.concat_tables(tables), "INSERT OR REPLACE")
             con.executemany(
                 "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
                 [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
@@ -361,7 +376,7 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
     """
     shard_root = root / "shards"
     database = root / DATABASE
-    with writer_lock(root):
+    with publishing(database) as snapshot:
         manifests = sorted(shard_root.glob("*/manifest.json")) if shard_root.is_dir() else []
         files = sorted(shard_root.glob("*/*.parquet")) if shard_root.is_dir() else []
         if rebuild:  # a new database from every shard, which replaces the old one only once complete
@@ -369,5 +384,4 @@ def ingest(root: Path, *, rebuild: bool = False) -> IngestReport:
             atomic_write(database, lambda temp: new.append(_merge(temp, root, manifests, files, fresh=True)))
         else:
             new = [_merge(database, root, manifests, files)]
-        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
-    return IngestReport(runs=len(manifests), files=new[0], database=database, snapshot=snapshot_of(database))
+    return IngestReport(runs=len(manifests), files=new[0], database=database, snapshot=snapshot)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, cast
 
@@ -211,6 +212,12 @@ class RunRecord(_Record):
             created=manifest.get("created"),
             spec=manifest["spec"],
         )
+
+
+def run_table(manifests: Iterable[dict[str, Any]]) -> pa.Table:
+    """Runs' manifests as rows of the ``runs`` table."""
+    rows = [RunRecord.from_manifest(manifest).row() for manifest in manifests]
+    return pa.Table.from_pylist(rows, schema=arrow_schema(RunRecord))
 
 
 def column(model: type[BaseModel], name: str) -> Column:

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
 from kvbench.store.atomic import atomic_write
-from kvbench.store.ingest import SCHEMA, reading, snapshot_of, transaction, writer_lock
-from kvbench.store.records import RunRecord, arrow_schema
+from kvbench.store.ingest import SCHEMA, insert_rows, publishing, reading, snapshot_of, transaction
+from kvbench.store.records import run_table
 from kvbench.submissions.bundle import open_bundle, sha256_file
-from kvbench.submissions.contents import arrow_rows, load_samples, stored_runs
+from kvbench.submissions.contents import copy_samples, load_samples, stored_runs
 from kvbench.submissions.rules import Checked
 
 SUBMISSION_TABLES = """
@@ -68,11 +67,10 @@ def _rebuild_fix(database: Path) -> str:
 
 @contextmanager
 def _writing(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    with writer_lock(database.parent):
-        with transaction(database, SCHEMA + SUBMISSION_TABLES, _rebuild_fix(database)) as con:
-            yield con
-            _keep_records(con, database.parent / KEPT)
-        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
+    fix = _rebuild_fix(database)
+    with publishing(database), transaction(database, SCHEMA + SUBMISSION_TABLES, fix) as con:
+        yield con
+        _keep_records(con, database.parent / KEPT)
 
 
 def _keep_records(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
@@ -174,21 +172,10 @@ def _store(
     ids = [run.run_id for run in checked.runs]
     new = [run for run in checked.runs if run.run_id not in stored]
     if new:
-        rows = [RunRecord.from_manifest(run.manifest).row() for run in new]
-        con.register("new_runs", pa.Table.from_pylist(rows, schema=arrow_schema(RunRecord)))
-        con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
-        samples = arrow_rows(
-            checked.samples,
-            "SELECT * FROM samples WHERE list_contains(?, run_id)",
-            [[r.run_id for r in new]],
-        )
-        con.register("new_samples", samples)
-        con.execute("INSERT INTO samples BY NAME SELECT * FROM new_samples")
-        con.unregister("new_runs")
-        con.unregister("new_samples")
+        insert_rows(con, "runs", run_table(run.manifest for run in new))
+        copy_samples(checked.samples, con, "list_contains(?, run_id)", [[r.run_id for r in new]])
     con.execute(
-        "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
-        "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [submission[k] for k in SUBMISSION_COLUMNS],
     )
     con.executemany(
@@ -298,13 +285,12 @@ def rebuild(database: Path) -> Rebuilt:
     must still be its name) stored as it was accepted, in the order it was, then the withdrawals and the
     verifications its record holds. Built beside the old file, which it replaces only once complete."""
     folder = database.parent / KEPT
-    with writer_lock(database.parent):
+    with publishing(database) as snapshot:
         records = _records(folder)
         runs: list[int] = []
         atomic_write(database, lambda temp: runs.append(_replay(temp, folder, records)))
-        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
     withdrawn = sum(r["withdrawn_at"] is not None for r in records)
-    return Rebuilt(len(records), withdrawn, runs[0], snapshot_of(database))
+    return Rebuilt(len(records), withdrawn, runs[0], snapshot)
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:

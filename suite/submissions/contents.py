@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from kvbench.specs.resolved import ResolvedSpec, Role
+from kvbench.store.ingest import insert_rows
 from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
 from kvbench.store.shards import read_manifest, read_shard
 
@@ -62,17 +62,19 @@ def load_samples(runs: list[StoredRun]) -> tuple[duckdb.DuckDBPyConnection, list
             if isinstance(read, str):
                 bad.append((shard, read))
                 continue
-            con.register("shard", read)
             try:  # one shard at a time, so that a bad one is named and the others still load
-                con.execute("INSERT INTO samples BY NAME SELECT * FROM shard")
+                insert_rows(con, "samples", read)
             except duckdb.Error as exc:
                 bad.append((shard, f"its samples do not fit the samples table ({str(exc).splitlines()[0]})"))
-            finally:
-                con.unregister("shard")
     return con, bad
 
 
-def arrow_rows(con: duckdb.DuckDBPyConnection, query: str, params: list[Any]) -> pa.Table:
-    """A query's rows as an Arrow table (DuckDB 2 names the call ``to_arrow_table``, earlier ``arrow``)."""
-    relation = con.sql(query, params=params)
-    return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
+def copy_samples(
+    source: duckdb.DuckDBPyConnection, target: duckdb.DuckDBPyConnection, where: str, params: list[Any]
+) -> None:
+    """``source``'s samples that match ``where`` (kvbench's own SQL; the values are bound from ``params``)
+    inserted into ``target``'s (through Arrow: DuckDB 2 names the call ``to_arrow_table``, earlier
+    ``arrow``)."""
+    relation = source.sql(f"SELECT * FROM samples WHERE {where}", params=params)
+    rows = relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
+    insert_rows(target, "samples", rows)

@@ -40,8 +40,7 @@ from kvbench.results.summary import summarize
 from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell
 from kvbench.specs.resolved import digest
-from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
-from kvbench.submissions.contents import StoredRun, arrow_rows, load_samples, stored_runs
+from kvbench.submissions.contents import StoredRun, copy_samples, load_samples, stored_runs
 from kvbench.submissions.rules import Checked
 
 
@@ -154,13 +153,8 @@ def rebuild(
 
 def _subset(con: duckdb.DuckDBPyConnection, run_id: str, problems: list[str]) -> duckdb.DuckDBPyConnection:
     """A DuckDB holding only ``problems`` of one run, under ``run_id``."""
-    rows = arrow_rows(
-        con, "SELECT * FROM samples WHERE run_id = ? AND list_contains(?, problem_id)", [run_id, problems]
-    )
-    subset = duckdb.connect()
-    subset.execute(table_ddl(SampleRecord, "samples", SAMPLE_KEY))
-    subset.register("rows", rows)
-    subset.execute("INSERT INTO samples BY NAME SELECT * FROM rows")
+    subset, _ = load_samples([])
+    copy_samples(con, subset, "run_id = ? AND list_contains(?, problem_id)", [run_id, problems])
     return subset
 
 
