@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kvbench.graders.registry import BinaryVerdict
-from kvbench.graders.sandbox import HARNESS, Limits, Outcome, Sandbox
+from kvbench.graders.sandbox import HARNESS, Limits, Sandbox
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "code-2"
@@ -65,40 +65,33 @@ def _same_output(got: str, expected: str) -> bool:
     return True
 
 
-def _failure(outcome: Outcome) -> str | None:
-    if outcome.killed is not None:
-        return outcome.killed
-    if outcome.status != 0:
-        return f"exit {outcome.status}"
-    return None
-
-
 def _run_test(
     sandbox: Sandbox, files: dict[str, str], test: CodeTest, function: str | None, limits: Limits
 ) -> str | None:
     """None when the test passes, else why it failed (``files``: the solution and the harness)."""
-    if test.kind == "functional" and function:
+    functional = test.kind == "functional" and bool(function)
+    argv, stdin = ["harness.py", "stdin", "solution.py"], test.input.encode()
+    if functional:
         try:
             request = json.dumps({"args": [json.loads(line) for line in test.input.splitlines()]})
             expected = json.loads(test.output)
         except ValueError:
             return "unreadable test case"
-        argv = ["harness.py", "call", "solution.py", function, "{result_fd}"]
-        outcome = sandbox.run(files, argv, (request + "\n").encode(), limits)
-        failure = _failure(outcome)
-        if failure is not None:
-            return failure
-        try:
-            value = json.loads(outcome.result.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            return "malformed result"
-        return None if value == expected else "wrong answer"
-    outcome = sandbox.run(files, ["harness.py", "stdin", "solution.py"], test.input.encode(), limits)
-    failure = _failure(outcome)
-    if failure is not None:
-        return failure
-    got = outcome.stdout.decode("utf-8", errors="replace")
-    return None if _same_output(got, test.output) else "wrong answer"
+        argv = ["harness.py", "call", "solution.py", str(function), "{result_fd}"]
+        stdin = (request + "\n").encode()
+    outcome = sandbox.run(files, argv, stdin, limits)
+    if outcome.killed is not None:
+        return outcome.killed
+    if outcome.status != 0:
+        return f"exit {outcome.status}"
+    if not functional:
+        got = outcome.stdout.decode("utf-8", errors="replace")
+        return None if _same_output(got, test.output) else "wrong answer"
+    try:
+        value = json.loads(outcome.result.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return "malformed result"
+    return None if value == expected else "wrong answer"
 
 
 def grade_code(

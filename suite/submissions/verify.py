@@ -64,23 +64,19 @@ def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[s
     """Run id -> ``count`` problem ids drawn with ``seed``, the same for every run of a family (the runs
     sharing model, task, limit and runtime), from the problems all of the family's runs hold."""
     assert checked.samples is not None
+    held = dict(
+        checked.samples.execute(
+            "SELECT run_id, list(DISTINCT problem_id) FROM samples GROUP BY run_id"
+        ).fetchall()
+    )
     families: dict[str, list[str]] = {}
-    held: dict[str, set[str]] = {}
     for run in checked.runs:
-        family = cell_family(run.spec)
-        families.setdefault(family, []).append(run.run_id)
-        ids = {
-            r[0]
-            for r in checked.samples.execute(
-                "SELECT DISTINCT problem_id FROM samples WHERE run_id = ?", [run.run_id]
-            ).fetchall()
-        }
-        held[family] = held[family] & ids if family in held else ids
+        families.setdefault(cell_family(run.spec), []).append(run.run_id)
     chosen: dict[str, list[str]] = {}
-    for family in sorted(families):
-        draw = random.Random(f"{seed}:{family}")
-        picked = sorted(draw.sample(sorted(held[family]), min(count, len(held[family]))))
-        chosen |= {run_id: picked for run_id in families[family]}
+    for family, run_ids in sorted(families.items()):
+        common = sorted(set.intersection(*(set(held.get(run_id, ())) for run_id in run_ids)))
+        picked = sorted(random.Random(f"{seed}:{family}").sample(common, min(count, len(common))))
+        chosen |= dict.fromkeys(run_ids, picked)
     return chosen
 
 
