@@ -55,18 +55,15 @@ class MathGrader:
             self._pool.join()
             self._pool = None
 
-    def _workers(self) -> Pool:
-        if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
-        return self._pool
-
     def grade(
         self, output: str, gold: str, *, kind: AnswerKind = "latex", thinking: bool = False
     ) -> BinaryVerdict:
         answer = final_answer(output, thinking=thinking)
         if answer is None or not answer.strip():
             return BinaryVerdict(False, True, None, GRADER_VERSION)
-        pending = self._workers().apply_async(_verify, (gold, answer, kind))
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+        pending = self._pool.apply_async(_verify, (gold, answer, kind))
         try:
             correct, extracted = pending.get(timeout=self.timeout)
         except multiprocessing.TimeoutError:

@@ -46,28 +46,24 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, once: bool = Fa
     ``once``: ``path`` is created only if it does not exist (a hard link fails on an existing name), so of
     concurrent writers exactly one wins and no file another process may have read is ever replaced."""
     try:
-        return _replace(path, write, once)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(handle)
+        temp = Path(name)
+        try:
+            write(temp)
+            if not once:
+                os.replace(temp, path)
+            else:
+                try:
+                    os.link(temp, path)
+                except FileExistsError:
+                    return False
+            return True
+        finally:
+            temp.unlink(missing_ok=True)
     except OSError as exc:
         failure = write_failure(path, exc)
         if failure is None:
             raise
         raise failure from exc
-
-
-def _replace(path: Path, write: Callable[[Path], object], once: bool) -> bool:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    temp = Path(name)
-    try:
-        write(temp)
-        if not once:
-            os.replace(temp, path)
-        else:
-            try:
-                os.link(temp, path)
-            except FileExistsError:
-                return False
-        return True
-    finally:
-        temp.unlink(missing_ok=True)

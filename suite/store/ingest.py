@@ -287,20 +287,6 @@ def _ingest_analyses(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     )
 
 
-def _read_all(manifests: dict[Path, dict | None], shards: list[Path]) -> tuple[list[pa.Table], list[str]]:
-    """The new shards' rows (each file read once), and every manifest and shard that does not read back,
-    each with why."""
-    bad = [f"{path}: not a JSON manifest with a resolved spec" for path, m in manifests.items() if m is None]
-    tables = []
-    for path in shards:
-        read = read_shard(path)
-        if isinstance(read, str):
-            bad.append(f"{path}: {read}")
-        else:
-            tables.append(read)
-    return tables, bad
-
-
 @contextmanager
 def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDBPyConnection]:
     """One transaction on ``database`` with ``schema``'s tables created and its record schema checked
@@ -343,8 +329,16 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
         done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
         seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
         new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
-        read = {path: read_manifest(path) for path in manifests}  # each manifest is read once
-        tables, bad = _read_all(read, new)
+        # each manifest and new shard is read once, and every one that does not read back is named
+        read = {path: read_manifest(path) for path in manifests}
+        bad = [f"{path}: not a JSON manifest with a resolved spec" for path, m in read.items() if m is None]
+        tables = []
+        for path in new:
+            shard = read_shard(path)
+            if isinstance(shard, str):
+                bad.append(f"{path}: {shard}")
+            else:
+                tables.append(shard)
         if bad:
             raise PrerequisiteError(
                 f"{len(bad)} result file(s) under {shard_root} are damaged; nothing was ingested:\n  "

@@ -61,13 +61,9 @@ KEPT = "submissions"
 """The folder beside the board's database holding each accepted bundle and its record."""
 
 
-def _rebuild_fix(database: Path) -> str:
-    return f"Rebuild it from the bundles it accepted: `kvbench accept --rebuild --db {database}`"
-
-
 @contextmanager
 def _writing(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    fix = _rebuild_fix(database)
+    fix = f"Rebuild it from the bundles it accepted: `kvbench accept --rebuild --db {database}`"
     with publishing(database), transaction(database, SCHEMA + SUBMISSION_TABLES, fix) as con:
         yield con
         _keep_records(con, database.parent / KEPT)
@@ -188,28 +184,25 @@ MIN_PREFIX = 8
 """The fewest hex digits that name a submission."""
 
 
-def find_submission(con: duckdb.DuckDBPyConnection, prefix: str) -> tuple[str, Any]:
+def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
+    """Mark the submission whose sha256 starts with ``prefix`` withdrawn and remove the runs it brought that
+    no live submission still holds; the digest and the record of its acceptance stay."""
+    if not database.is_file():
+        raise PrerequisiteError(f"no database {database}")
     if len(prefix) < MIN_PREFIX:
         raise PrerequisiteError(
             f"give at least {MIN_PREFIX} hex digits of the bundle's sha256, not {prefix!r}"
         )
-    found = con.execute(
-        "SELECT bundle_sha256, withdrawn_at FROM submissions WHERE starts_with(bundle_sha256, ?)", [prefix]
-    ).fetchall()
-    if len(found) != 1:
-        raise PrerequisiteError(
-            f"{len(found)} submissions have a digest starting {prefix!r}: give more digits"
-        )
-    return found[0]
-
-
-def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
-    """Mark a submission withdrawn and remove the runs it brought that no live submission still holds;
-    the digest and the record of its acceptance stay."""
-    if not database.is_file():
-        raise PrerequisiteError(f"no database {database}")
     with _writing(database) as con:
-        sha256, withdrawn_at = find_submission(con, prefix)
+        found = con.execute(
+            "SELECT bundle_sha256, withdrawn_at FROM submissions WHERE starts_with(bundle_sha256, ?)",
+            [prefix],
+        ).fetchall()
+        if len(found) != 1:
+            raise PrerequisiteError(
+                f"{len(found)} submissions have a digest starting {prefix!r}: give more digits"
+            )
+        sha256, withdrawn_at = found[0]
         if withdrawn_at is not None:
             raise PrerequisiteError(f"submission {sha256[:16]} is already withdrawn")
         gone = _withdraw(con, sha256, time.time(), reason)
