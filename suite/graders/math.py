@@ -37,7 +37,9 @@ def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]
 
 
 class MathGrader:
-    """Grades answers against gold values; use as a context manager to release the workers."""
+    """The ``math`` grader: the gold answer from the task's ``answer`` column (after ``answer_after``,
+    GSM8K's '####'), the final answer compared by math-verify in a worker process. Use as a context
+    manager to release the workers."""
 
     def __init__(self, timeout: float = 20.0, workers: int = 1) -> None:
         self.timeout, self.workers = timeout, workers
@@ -55,9 +57,20 @@ class MathGrader:
             self._pool.join()
             self._pool = None
 
-    def grade(
+    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
+        fields = task.source.fields
+        answer = str(row[fields.answer])
+        if fields.answer_after:
+            answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
+        return task.prompt.replace("{question}", question), {"answer": answer}
+
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
+        return self.grade_answer(output, gold["answer"], kind=task.answer_kind, thinking=thinking)
+
+    def grade_answer(
         self, output: str, gold: str, *, kind: AnswerKind = "latex", thinking: bool = False
     ) -> BinaryVerdict:
+        """The verdict on ``output``'s final answer against the gold value ``gold``."""
         answer = final_answer(output, thinking=thinking)
         if answer is None or not answer.strip():
             return BinaryVerdict(False, True, None, GRADER_VERSION)
@@ -70,24 +83,3 @@ class MathGrader:
             self.close()  # the worker may be stuck in sympy: kill it with its pool
             return BinaryVerdict(False, False, None, GRADER_VERSION, failure="grader timeout")
         return BinaryVerdict(correct, extracted is None, extracted, GRADER_VERSION)
-
-
-class MathTaskGrader:
-    """The ``math`` grader: the gold answer from the task's ``answer`` column (after ``answer_after``,
-    GSM8K's '####'), the final answer compared by math-verify in a worker process."""
-
-    def __init__(self) -> None:
-        self._grader = MathGrader()
-
-    def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
-        fields = task.source.fields
-        answer = str(row[fields.answer])
-        if fields.answer_after:
-            answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
-        return task.prompt.replace("{question}", question), {"answer": answer}
-
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
-        return self._grader.grade(output, gold["answer"], kind=task.answer_kind, thinking=thinking)
-
-    def close(self) -> None:
-        self._grader.close()

@@ -86,7 +86,7 @@ class GraderEntry:
 
 
 GRADERS = {
-    "math": GraderEntry("kvbench.graders.math:MathTaskGrader", ("answer",), ("answer_after",)),
+    "math": GraderEntry("kvbench.graders.math:MathGrader", ("answer",), ("answer_after",)),
     "choice": GraderEntry("kvbench.graders.choice:ChoiceTaskGrader", ("correct", "incorrect")),
     "code": GraderEntry(
         "kvbench.graders.code:CodeTaskGrader", ("tests",), ("metadata", "starter_code"), sandboxed=True

@@ -101,15 +101,15 @@ def test_the_table_is_large_enough() -> None:
 def test_math_verdict(
     grader: MathGrader, output: str, gold: str, kind: str, thinking: bool, correct: bool, no_answer: bool
 ) -> None:
-    verdict = grader.grade(output, gold, kind=kind, thinking=thinking)
+    verdict = grader.grade_answer(output, gold, kind=kind, thinking=thinking)
     assert (verdict.correct, verdict.no_answer) == (correct, no_answer), verdict
 
 
 def test_a_hanging_answer_is_cut_off_and_the_grader_goes_on() -> None:
     with MathGrader(timeout=0.5) as grader:
         started = time.perf_counter()
-        verdict = grader.grade(r"\boxed{9^{9^{9^{9^{9}}}}}", "1")
+        verdict = grader.grade_answer(r"\boxed{9^{9^{9^{9^{9}}}}}", "1")
         assert time.perf_counter() - started < 10
         assert not verdict.correct and verdict.reason == "grader timeout"
         grader.timeout = 30
-        assert grader.grade(r"\boxed{\frac{1}{2}}", "0.5").correct  # a fresh pool
+        assert grader.grade_answer(r"\boxed{\frac{1}{2}}", "0.5").correct  # a fresh pool
