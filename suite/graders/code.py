@@ -27,14 +27,6 @@ from kvbench.graders.thinking import final_answer
 GRADER_VERSION = "code-2"
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
 DEFAULT_LIMITS = Limits()
-__all__ = [
-    "CodeTaskGrader",
-    "CodeTest",
-    "Limits",
-    "decode_tests",
-    "extract_code",
-    "grade_code",
-]
 
 
 @dataclass(frozen=True)

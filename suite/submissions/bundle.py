@@ -238,20 +238,20 @@ def _listed(
 def write_bundle(path: Path, members: dict[str, Path]) -> None:
     """A gzip'd tar of ``members`` (archive name -> file), sorted, with neutral owners and times, so that
     the same members always give the same bytes."""
-    atomic_write(path, lambda temp: _pack(temp, members))
 
+    def pack(temp: Path) -> None:
+        with (
+            open(temp, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
+            tarfile.open(fileobj=packed, mode="w") as archive,
+        ):
+            for name in sorted(members):
+                info = archive.gettarinfo(str(members[name]), arcname=name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                info.mode = 0o644
+                with open(members[name], "rb") as handle:
+                    archive.addfile(info, handle)
 
-def _pack(temp: Path, members: dict[str, Path]) -> None:
-    with (
-        open(temp, "wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
-        tarfile.open(fileobj=packed, mode="w") as archive,
-    ):
-        for name in sorted(members):
-            info = archive.gettarinfo(str(members[name]), arcname=name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            info.mode = 0o644
-            with open(members[name], "rb") as handle:
-                archive.addfile(info, handle)
+    atomic_write(path, pack)

@@ -135,45 +135,41 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
     """The rules on one run; False when its spec or role is not one this kvbench can judge further."""
     where = f"runs/{run.run_id}"
     try:
-        return _judge_run(folder, run, cell, checked, where)
+        hashed = digest(run.manifest["spec"])
+        if hashed != run.run_id or run.manifest.get("run_id") != run.run_id:
+            checked.fail(
+                f"{where}/manifest.json",
+                "identity",
+                f"the resolved spec hashes to {hashed}, not to its run id {run.run_id}",
+            )
+        problem = _spec_problem(run, cell)
+        if problem:
+            checked.fail(f"{where}/manifest.json", "identity", f"not a run this kvbench can judge: {problem}")
+            return False
+        assert checked.samples is not None
+        rows = checked.samples.execute(
+            "SELECT problem_id, problem_hash, sample, seed, task, output, secondary, finish_reason, reason, "
+            "grader_version FROM samples WHERE run_id = ? ORDER BY problem_id, sample",
+            [run.run_id],
+        ).fetchall()
+        _counts(where, run, rows, checked)
+        if len(rows) != cell["samples"]:
+            checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
+        outputs = outputs_digest(checked.samples, run.run_id)
+        if outputs != cell["output_digest"]:
+            checked.fail(
+                where,
+                "output-digest",
+                f"its samples digest to {outputs}, the bundle lists {cell['output_digest']}",
+            )
+        _private(where, run.spec, rows, checked)
+        _suite(folder, run, cell, checked)
+        _protocol(folder, run, cell, checked)
+        _scorer(folder, run, cell, checked)
+        return True
     except Exception as exc:  # a submitter's file of any shape: refused by name, never a traceback
         checked.fail(where, "readable", f"cannot be judged ({type(exc).__name__}: {_first_line(exc)})")
         return False
-
-
-def _judge_run(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked, where: str) -> bool:
-    hashed = digest(run.manifest["spec"])
-    if hashed != run.run_id or run.manifest.get("run_id") != run.run_id:
-        checked.fail(
-            f"{where}/manifest.json",
-            "identity",
-            f"the resolved spec hashes to {hashed}, not to its run id {run.run_id}",
-        )
-    problem = _spec_problem(run, cell)
-    if problem:
-        checked.fail(f"{where}/manifest.json", "identity", f"not a run this kvbench can judge: {problem}")
-        return False
-    assert checked.samples is not None
-    rows = checked.samples.execute(
-        "SELECT problem_id, problem_hash, sample, seed, task, output, secondary, finish_reason, reason, "
-        "grader_version FROM samples WHERE run_id = ? ORDER BY problem_id, sample",
-        [run.run_id],
-    ).fetchall()
-    _counts(where, run, rows, checked)
-    if len(rows) != cell["samples"]:
-        checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
-    outputs = outputs_digest(checked.samples, run.run_id)
-    if outputs != cell["output_digest"]:
-        checked.fail(
-            where,
-            "output-digest",
-            f"its samples digest to {outputs}, the bundle lists {cell['output_digest']}",
-        )
-    _private(where, run.spec, rows, checked)
-    _suite(folder, run, cell, checked)
-    _protocol(folder, run, cell, checked)
-    _scorer(folder, run, cell, checked)
-    return True
 
 
 def _mapping(value: Any) -> dict[str, Any]:
