@@ -52,18 +52,14 @@ class IsolationLimits:
     """The last bytes of the scorer's stderr kept, for the message when it fails."""
 
 
-def _package_folders() -> list[Path]:
-    """kvbench's code on this machine: the package and the folders mapped into it (policies, adapters)."""
+def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits) -> list[str]:
     import kvbench.adapters
     import kvbench.policies
 
-    folders = {Path(m.__file__).resolve().parent for m in (kvbench, kvbench.policies, kvbench.adapters)}  # type: ignore[arg-type]
-    return sorted(folders)
-
-
-def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits) -> list[str]:
     python = Path(sys.executable)
-    code = dict.fromkeys(str(p) for p in (Path(sys.prefix).resolve(), *_package_folders()))
+    # kvbench's code on this machine: the package and the folders mapped into it (policies, adapters)
+    packages = {Path(m.__file__).resolve().parent for m in (kvbench, kvbench.policies, kvbench.adapters)}  # type: ignore[arg-type]
+    code = dict.fromkeys(str(p) for p in (Path(sys.prefix).resolve(), *sorted(packages)))
     folders = [(path, path) for path in code] + [(str(folder), INSIDE)]
     environment = {"OMP_NUM_THREADS": "1"}
     inside = boundary(

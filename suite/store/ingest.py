@@ -44,18 +44,14 @@ def snapshot_of(database: Path) -> Path:
     return database.with_name(f"{database.stem}.snapshot{database.suffix}")
 
 
-def writer_of(database: Path) -> Path:
-    """The writer's file of a snapshot (a writer's file is its own)."""
-    stem = database.stem
-    return database.with_name(stem.removesuffix(".snapshot") + database.suffix)
-
-
 def rebuild_hint(database: Path) -> str:
     """How to rebuild ``database`` (a writer's file or its snapshot): a results folder's from its shards, a
     leaderboard's from the bundles it accepted (kept in ``submissions/`` beside it)."""
     root = database.parent
+    # the writer's file of a snapshot (a writer's file is its own)
+    writer = database.with_name(database.stem.removesuffix(".snapshot") + database.suffix)
     ingest = f"`kvbench ingest --rebuild --out {root}` rebuilds a results folder's database from its shards"
-    board = f"`kvbench accept --rebuild --db {writer_of(database)}` rebuilds a leaderboard's from its bundles"
+    board = f"`kvbench accept --rebuild --db {writer}` rebuilds a leaderboard's from its bundles"
     if (root / "shards").is_dir():
         return f"Rebuild it: {ingest}"
     if (root / "submissions").is_dir():
