@@ -65,10 +65,6 @@ def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> Evictio
     if header.get("calibration") is not None:
         mean = torch.complex(tensors["calibration.mean_real"], tensors["calibration.mean_imag"])
         calibration = QueryStats(**header["calibration"], mean=mean, mean_abs=tensors["calibration.mean_abs"])
-    rngs = []
-    for seed in header["seeds"]:
-        rngs.append(torch.Generator())
-        rngs[-1].manual_seed(int(seed))
     return EvictionView(
         keys=tensors["keys"],
         values=tensors["values"],
@@ -77,7 +73,7 @@ def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> Evictio
         **{k: int(header[k]) for k in ("layer", "event", "step", "prompt_len", "budget", "keep")},
         model=_model_facts(header, tensors),
         state=layer_state(header, tensors),
-        rngs=tuple(rngs),
+        rngs=tuple(torch.Generator().manual_seed(int(seed)) for seed in header["seeds"]),
         recent_queries=tensors.get("queries"),
         calibration=calibration,
     )
