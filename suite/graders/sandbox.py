@@ -284,8 +284,7 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
     process = launch(command(result_write), rlimits(caps), pass_fds=(result_write,), **_as_unprivileged())
     os.close(result_write)
     assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
-    feeder = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
-    feeder.start()
+    threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
     streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr", result_read: "result"}
     read: dict[str, bytearray] = {name: bytearray() for name in streams.values()}
     selector = selectors.DefaultSelector()
@@ -294,8 +293,7 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
         selector.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + limits.wall_seconds
     killed: str | None = None
-    open_fds = set(streams)
-    while open_fds and killed is None:
+    while selector.get_map() and killed is None:  # a stream leaves the selector at its end
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             killed = "timeout"
@@ -304,7 +302,6 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
             chunk = os.read(key.fd, 1 << 16)
             if not chunk:
                 selector.unregister(key.fd)
-                open_fds.discard(key.fd)
                 continue
             buffer = read[streams[key.fd]]
             buffer += chunk
@@ -328,8 +325,7 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
 
 
 def _feed(pipe, data: bytes) -> None:
-    try:
+    # the program may exit (or be killed) without reading all of its input
+    with contextlib.suppress(BrokenPipeError, OSError, ValueError):
         pipe.write(data)
         pipe.close()
-    except (BrokenPipeError, OSError, ValueError):
-        pass  # the program exited (or was killed) without reading all of its input

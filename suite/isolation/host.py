@@ -83,7 +83,7 @@ class ScorerProcess:
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self.log: collections.deque[bytes] = collections.deque()
         threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
-        self.replies = _DeadlineReader(self.process.stdout.fileno())
+        self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder)
 
     def _drain(self, stream: Any) -> None:
@@ -100,10 +100,10 @@ class ScorerProcess:
         """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late."""
         if self.process.poll() is not None:
             raise ScorerError(f"{where}: the scorer's process is no longer running ({self._exit()})")
-        deadline = time.monotonic() + seconds
+        self.pipes.deadline = time.monotonic() + seconds
         try:
-            _write_by(self.process.stdin.fileno(), wire.encode(header, tensors), deadline)  # type: ignore[union-attr]
-            header, tensors = wire.read(self.replies.by(deadline), self.limits.reply_bytes)
+            self.pipes.write(wire.encode(header, tensors))
+            header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
         except TimeoutError:
             self.close()
             raise ScorerError(
@@ -136,31 +136,27 @@ def _stop(process: subprocess.Popen, folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-class _DeadlineReader:
-    """A file-like ``read(n)`` over a pipe that raises TimeoutError past the deadline it was given."""
+class _Pipes:
+    """The scorer's stdin and stdout: ``write(data)`` and a file-like ``read(n)``, each raising TimeoutError
+    past ``deadline``."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd, self.deadline = fd, 0.0
-        os.set_blocking(fd, False)
-
-    def by(self, deadline: float) -> _DeadlineReader:
-        self.deadline = deadline
-        return self
+    def __init__(self, stdin: int, stdout: int) -> None:
+        self.stdin, self.stdout, self.deadline = stdin, stdout, 0.0
+        os.set_blocking(stdin, False)
+        os.set_blocking(stdout, False)
 
     def read(self, count: int) -> bytes:
-        _wait(self.fd, selectors.EVENT_READ, self.deadline)
-        return os.read(self.fd, min(count, 1 << 24))
+        _wait(self.stdout, selectors.EVENT_READ, self.deadline)
+        return os.read(self.stdout, min(count, 1 << 24))
 
-
-def _write_by(fd: int, data: bytes, deadline: float) -> None:
-    view = memoryview(data)
-    os.set_blocking(fd, False)
-    while view:
-        _wait(fd, selectors.EVENT_WRITE, deadline)
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            _wait(self.stdin, selectors.EVENT_WRITE, self.deadline)
+            try:
+                view = view[os.write(self.stdin, view) :]
+            except BlockingIOError:
+                continue
 
 
 def _wait(fd: int, event: int, deadline: float) -> None:
