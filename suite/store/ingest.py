@@ -108,15 +108,10 @@ def reading(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """``database`` opened read-only. A file that does not read as a DuckDB database (empty, truncated)
     is a StorageError naming it and how to rebuild it, wherever in the block DuckDB finds out."""
     try:
-        con = duckdb.connect(str(database), read_only=True)
+        with duckdb.connect(str(database), read_only=True) as con:
+            yield con
     except duckdb.Error as exc:
         _raise_for(database, exc, rebuild_hint(database))
-    try:
-        yield con
-    except duckdb.Error as exc:
-        _raise_for(database, exc, rebuild_hint(database))
-    finally:
-        con.close()
 
 
 SCHEMA = f"""
@@ -289,29 +284,26 @@ def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDB
     (``fix`` says what to do about another): committed and checkpointed when the block ends, else rolled
     back, so that a failed write leaves the database as it was. Hold the writer lock around it."""
     try:
-        con = duckdb.connect(str(database))
-    except duckdb.Error as exc:
+        with duckdb.connect(str(database)) as con:
+            try:
+                con.execute("BEGIN TRANSACTION")
+                con.execute(schema)
+                found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if found is not None and found[0] != str(SCHEMA_VERSION):
+                    raise PrerequisiteError(
+                        f"{database} has record schema {found[0]}, "
+                        f"this kvbench writes {SCHEMA_VERSION}: {fix}"
+                    )
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+                yield con
+                con.execute("COMMIT")
+                con.execute("CHECKPOINT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
+                    con.execute("ROLLBACK")
+                raise
+    except duckdb.Error as exc:  # a full disk, a read-only folder or a damaged file, named
         _raise_for(database, exc, fix)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        con.execute(schema)
-        found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if found is not None and found[0] != str(SCHEMA_VERSION):
-            raise PrerequisiteError(
-                f"{database} has record schema {found[0]}, this kvbench writes {SCHEMA_VERSION}: {fix}"
-            )
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        yield con
-        con.execute("COMMIT")
-        con.execute("CHECKPOINT")
-    except BaseException as exc:
-        with contextlib.suppress(duckdb.Error):  # nothing to roll back if BEGIN itself failed
-            con.execute("ROLLBACK")
-        if isinstance(exc, duckdb.Error):  # a full disk, a read-only folder or a damaged file, named
-            _raise_for(database, exc, fix)
-        raise
-    finally:
-        con.close()
 
 
 def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path], fresh: bool = False) -> int:

@@ -105,13 +105,9 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
 
 
 def _environment(runs: list[StoredRun]) -> dict[str, Any]:
-    def distinct(key: str) -> list[Any]:
-        seen: list[Any] = []
-        for run in runs:
-            value = run.manifest.get(key)
-            if value not in seen:
-                seen.append(value)
-        return seen
+    def distinct(key: str) -> list[Any]:  # in first-seen order; the values are dicts, so not a set
+        values = [run.manifest.get(key) for run in runs]
+        return [value for i, value in enumerate(values) if value not in values[:i]]
 
     return {
         "hardware": distinct("hardware"),
