@@ -351,12 +351,9 @@ def _kept(bundle: Path) -> Iterator[Checked]:
         failures = open_bundle(bundle, Path(scratch))
         runs, broken = stored_runs(Path(scratch) / "runs")
         samples, bad = load_samples(runs)
-        problems = [str(f) for f in failures] + [f"runs/{b}: no run manifest" for b in broken]
-        problems += [f"{path}: {why}" for path, why in bad]
-        if problems:
-            samples.close()
-            raise PrerequisiteError(f"{bundle} no longer reads back: " + "; ".join(problems))
-        try:
+        with samples:
+            problems = [str(f) for f in failures] + [f"runs/{b}: no run manifest" for b in broken]
+            problems += [f"{path}: {why}" for path, why in bad]
+            if problems:
+                raise PrerequisiteError(f"{bundle} no longer reads back: " + "; ".join(problems))
             yield Checked({}, runs=runs, samples=samples)
-        finally:
-            samples.close()
