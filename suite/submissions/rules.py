@@ -363,14 +363,11 @@ def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked
 
 def _baselines(checked: Checked) -> None:
     assert checked.samples is not None
-    units = {
-        run.run_id: set(
-            checked.samples.execute(
-                "SELECT problem_id, sample, seed FROM samples WHERE run_id = ?", [run.run_id]
-            ).fetchall()
-        )
-        for run in checked.runs
-    }
+    units: dict[str, set[tuple]] = {}  # run id -> its (problem, sample, seed)
+    for run_id, *unit in checked.samples.execute(
+        "SELECT run_id, problem_id, sample, seed FROM samples"
+    ).fetchall():
+        units.setdefault(run_id, set()).add(tuple(unit))
     for run in checked.runs:
         if run.role != Role.POLICY:
             continue
@@ -379,7 +376,7 @@ def _baselines(checked: Checked) -> None:
                 checked.fail(
                     f"runs/{run.run_id}", "baselines", f"no {arm} run of the same cell in the bundle"
                 )
-            elif units[partner.run_id] != units[run.run_id]:
+            elif units.get(partner.run_id) != units.get(run.run_id):
                 checked.fail(
                     f"runs/{run.run_id}",
                     "baselines",
