@@ -57,29 +57,27 @@ def _nvidia_driver() -> str | None:
     return lines[0] if done.returncode == 0 and lines else None
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` line's value in /proc/cpuinfo (None off Linux)."""
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def _vector_features() -> str | None:
     """The CPU's vector instruction sets (AVX, AVX-512 and its BF16/VNNI parts, AMX, FMA): two CPUs sold
     under one model name can differ here, and torch picks different kernels, which round differently."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
-    except OSError:
-        pass
-    return None
+    flags = (_cpuinfo("flags") or "").split()
+    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))) if flags else None
 
 
 def git_state(where: Path) -> dict[str, Any]:

@@ -189,12 +189,6 @@ def policy_record(policy: Policy) -> dict[str, Any]:
     return record
 
 
-def policy_identity(policy: Policy) -> str:
-    """A short stable hash of :func:`policy_record`."""
-    text = json.dumps(policy_record(policy), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def policy_documentation(policy: Policy) -> dict[str, Any]:
     """What the leaderboard shows about a policy, saved with each run: the documentation of the code that
     produced the numbers, not of whatever version is installed where the leaderboard runs."""

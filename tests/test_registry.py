@@ -14,7 +14,6 @@ from kvbench.registry import (
     known_policies,
     make_policy,
     parse_policy_arg,
-    policy_identity,
     policy_record,
 )
 
@@ -52,8 +51,8 @@ def test_parameters_are_validated_typed_and_recorded() -> None:
     policy = make_policy("rkv:lam=0.1,window=32")
     assert policy.lam == 0.1 and policy.window == 32
     assert policy_record(policy) == {"name": "rkv", "params": {"lam": 0.1, "window": 32}}
-    assert policy_identity(policy) == policy_identity(make_policy("rkv", lam=0.1, window=32))
-    assert policy_identity(policy) != policy_identity(make_policy("rkv"))
+    assert policy_record(policy) == policy_record(make_policy("rkv", lam=0.1, window=32))
+    assert policy_record(policy) != policy_record(make_policy("rkv"))
     with pytest.raises(
         SpecError, match=r"policy 'rkv': bad parameters \(alpha: .*\)\. Its parameters: lam, window"
     ):

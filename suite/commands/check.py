@@ -142,16 +142,14 @@ def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
     for column in ("cell", "Δ vs null [95% CI]", "W/T/L", "verdict", "margin / MDE"):
         table.add_column(column, no_wrap=column == "cell")
     for cell, row in zip(cells, build_report(cells, snapshot), strict=True):
-        test = row.null_test
-        if test is None:
+        if row["p_holm"] is None:  # the null, the full cache, or a policy without its null
             continue
-        d = test.difference
         table.add_row(
             cell_key(cell),
-            f"{d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}]",
-            f"{test.wins}/{test.ties}/{test.losses}",
-            verdict_text(test.verdict, test.p_adjusted, test.problems_needed),
-            f"±{test.margin:g} / {effect_text(test.minimum_detectable)}",
+            f"{row['delta']:+.4f} [{row['delta_low']:+.4f}, {row['delta_high']:+.4f}]",
+            f"{row['wins']}/{row['ties']}/{row['losses']}",
+            verdict_text(row["verdict"], row["p_holm"], row["problems_needed"]),
+            f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
         )
     if table.row_count:
         console.print(table)

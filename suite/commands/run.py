@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +16,6 @@ from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
     from kvbench.results.comparison import ArmResult
-    from kvbench.results.stats import Estimate, PairedComparison
     from kvbench.runner.executor import Executor
     from kvbench.runner.plan import Cell, RunRequest
 
@@ -155,35 +152,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     ingest.set_defaults(func=ingest_command)
 
 
-@dataclass(frozen=True)
-class ReportRow:
-    """One row of the table `kvbench run` ends with: a cell against the null and the full cache."""
-
-    model: str
-    task: str
-    metric: str
-    policy: str
-    role: str
-    budget: int
-    k_over_n_avg: float
-    score: Estimate
-    vs_null: Estimate | None
-    vs_full: Estimate | None
-    problems: int
-    samples: int
-    strict: Estimate | None = None
-    """Strict pass@1: correct and finished before the token cap."""
-    truncation_rate: float = math.nan
-    no_answer_rate: float = math.nan
-    mean_generated_tokens: float = math.nan
-    null_test: PairedComparison | None = None
-    """Sign test against the null with its Holm-corrected verdict (policies under test only)."""
-    lengthening: float = math.nan
-    """Mean generated tokens over the full cache's on the same problems."""
-    tokens_per_correct: float = math.nan
-    tokens_vs_null: Estimate | None = None
-
-
 def add_wide_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wide",
@@ -191,13 +159,6 @@ def add_wide_argument(parser: argparse.ArgumentParser) -> None:
         help="every column in the table (W/T/L, margin and MDE, token costs, Δ vs full); the default fits "
         "100 columns, and --format json/csv/markdown always has every column",
     )
-
-
-def _estimate(e, signed: bool = False) -> str:
-    if e is None:
-        return "—"
-    fmt = "{:+.3f}" if signed else "{:.3f}"
-    return f"{fmt.format(e.value)} [{fmt.format(e.low)}, {fmt.format(e.high)}]"
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -234,11 +195,11 @@ def run_command(args: argparse.Namespace) -> int:
     report = ingest(args.out)
     timings.ingest = time.perf_counter() - ingest_started
     rows = build_report(cells, report.snapshot)
-    generated = {c.task.name for c in cells if c.task.grader != "probe"}
-    for model, task in dict.fromkeys((r.model, r.task) for r in rows):
-        group = [r for r in rows if (r.model, r.task) == (model, task)]
-        print_table(group, generated=task in generated, wide=args.wide)
-        print_measured_n_avg([c for c in cells if (c.model.name, c.task.name) == (model, task)])
+    for model, task in dict.fromkeys((c.model.name, c.task.name) for c in cells):
+        group = [c for c in cells if (c.model.name, c.task.name) == (model, task)]
+        shown = [row for row in rows if (row["model"], row["task"]) == (model, task)]
+        print_table(group, shown, wide=args.wide)
+        print_measured_n_avg(group)
     print_task_groups(args, cells, rows, report.snapshot)
     wall = time.perf_counter() - started
     console.print(
@@ -248,7 +209,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     console.print(f"results: {report.database} (tables runs, samples); shards: {args.out / 'shards'}")
     if args.json:
-        text = json.dumps({"rows": [asdict(r) for r in rows], "wall_seconds": wall}, indent=2, default=str)
+        text = json.dumps({"rows": rows, "wall_seconds": wall}, indent=2, default=str)
         atomic_write(args.json, lambda temp: temp.write_text(text))
     return 0
 
@@ -281,9 +242,11 @@ def run_request(args: argparse.Namespace) -> RunRequest:
     )
 
 
-def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
-    """One row per cell, in the cells' order; each (model, task, budget) is one table of the builder. Here,
-    beside the runner's cells, so that results never import the runner."""
+def build_report(cells: Sequence[Cell], database: Path) -> list[dict]:
+    """One comparison row (kvbench.results.compare's COLUMNS, with the role) per cell, in the cells' order;
+    each (model, task, budget) is one table of the builder. Here, beside the runner's cells, so that
+    results never import the runner."""
+    from kvbench.results.compare import arm_row
     from kvbench.results.comparison import compare_table, stored_runs
     from kvbench.results.summary import summarize
     from kvbench.store.ingest import reading
@@ -308,135 +271,32 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[ReportRow]:
             run = arm.runs[task]
             if run.role != Role.REFERENCE or run.run_id not in results:  # the full cache: its first table
                 results[run.run_id] = arm
-    return [_row(cell, results[cell.run_id]) for cell in cells]
+    rows = []
+    for cell in cells:
+        arm = results[cell.run_id]
+        budget = None if cell.role == Role.REFERENCE else cell.budget
+        row = arm_row(runs[cell.run_id].context, budget, cell.ratio, arm, pooled=False)
+        rows.append({**row, "role": cell.role, "verdict": arm.verdict})
+    return rows
 
 
-def _row(cell: Cell, arm: ArmResult) -> ReportRow:
-    return ReportRow(
-        model=cell.model.name,
-        task=cell.task.name,
-        metric=cell.task.metric,
-        policy=cell.policy.name,
-        role=cell.role,
-        budget=cell.budget,
-        k_over_n_avg=arm.k_over_n_avg,
-        score=arm.score,
-        vs_null=arm.vs_baseline,
-        vs_full=arm.vs_full,
-        problems=arm.score.problems,
-        samples=cell.samples,
-        strict=arm.strict,
-        truncation_rate=arm.truncation_rate,
-        no_answer_rate=arm.no_answer_rate,
-        mean_generated_tokens=arm.mean_generated_tokens,
-        null_test=arm.test,
-        lengthening=arm.lengthening,
-        tokens_per_correct=arm.tokens_per_correct,
-        tokens_vs_null=arm.tokens_vs_baseline,
-    )
-
-
-def print_table(group: list[ReportRow], *, generated: bool, wide: bool = False) -> None:
+def print_table(cells: list[Cell], rows: list[dict], *, wide: bool = False) -> None:
     """One model and task: every arm against the null and the full cache, then the sign test's power."""
     from kvbench.results.stats import resolvable_difference
 
-    head = group[0]
+    head = cells[0]
+    about = f"{head.task.name} on {head.model.name} ({head.task.metric}"
     if wide:
-        _print_wide_table(group, generated)
+        title = f"{about}, higher is better; 95% CI over problems)"
     else:
-        _print_compact_table(group)
+        k = ", ".join(str(b) for b in sorted({c.budget for c in cells if c.role != Role.REFERENCE}))
+        title = f"{about}; K = {k}; Δ vs the null; 95% CI over problems)"
+    print_rows(rows, title, wide=wide)
+    problems = rows[0]["problems"]
     console.print(
-        f"power note: with {head.problems} problems a sign test detects (80% power, 5% level) only policies "
-        f"that win at least {0.5 + resolvable_difference(head.problems):.0%} of the problems they do not tie"
+        f"power note: with {problems} problems a sign test detects (80% power, 5% level) only policies "
+        f"that win at least {0.5 + resolvable_difference(problems):.0%} of the problems they do not tie"
     )
-
-
-def _print_compact_table(group: list[ReportRow]) -> None:
-    from kvbench.results.compare import COMPACT_HEADER, compact_verdict, plus_minus, power_note
-
-    head = group[0]
-    budgets = sorted({r.budget for r in group if r.role != Role.REFERENCE})
-    k = f"K = {budgets[0]}" if len(budgets) == 1 else "K = " + ", ".join(map(str, budgets))
-    table = Table(
-        title=f"{head.task} on {head.model} ({head.metric}; {k}; Δ vs the null; 95% CI over problems)"
-    )
-    for column in COMPACT_HEADER:
-        table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
-    notes = []
-    for r in group:
-        test = r.null_test
-        if test:
-            notes.append(power_note(r.policy, test.verdict, test.problems_needed, test.margin))
-        table.add_row(
-            r.policy + (f" ({r.role})" if r.role != Role.POLICY else ""),
-            "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}",
-            plus_minus(r.score.value, r.score.low, r.score.high),
-            plus_minus(r.vs_null.value, r.vs_null.low, r.vs_null.high, signed=True) if r.vs_null else "—",
-            compact_verdict(test.verdict, test.p_adjusted) if test else "—",
-            f"{r.problems} × {r.samples}",
-        )
-    console.print(table)
-    for note in filter(None, notes):
-        console.print(note)
-
-
-def _print_wide_table(group: list[ReportRow], generated: bool) -> None:
-    from kvbench.results.compare import effect_text, verdict_text
-
-    head = group[0]
-    table = Table(
-        title=f"{head.task} on {head.model} ({head.metric}, higher is better; 95% CI over problems)"
-    )
-    columns: tuple[str, ...] = (
-        "policy",
-        "K",
-        "K/N_avg",
-        "score",
-        "Δ vs null",
-        "W/T/L",
-        "verdict (Holm)",
-        "margin / MDE",
-        "Δ vs full",
-        "problems × samples",
-    )
-    if generated:
-        extras = ("strict", "trunc / no-ans", "tokens (× full)", "tokens / correct", "Δ tokens vs null")
-        columns = (*columns[:4], *extras, *columns[4:])
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("policy", "verdict (Holm)") else "right")
-    for r in group:
-        name = r.policy + (f" ({r.role})" if r.role != Role.POLICY else "")
-        budget = "—" if r.role == Role.REFERENCE else str(r.budget)
-        ratio = "—" if r.role == Role.REFERENCE else f"{r.k_over_n_avg:.2f}"
-        test = r.null_test
-        wtl = f"{test.wins}/{test.ties}/{test.losses}" if test else "—"
-        verdict = verdict_text(test.verdict, test.p_adjusted, test.problems_needed) if test else "—"
-        margin = f"±{test.margin:g} / {effect_text(test.minimum_detectable)}" if test else "—"
-        extra = (
-            (
-                "—" if r.strict is None else f"{r.strict.value:.3f}",
-                f"{r.truncation_rate:.0%} / {r.no_answer_rate:.0%}",
-                f"{r.mean_generated_tokens:.0f} ({r.lengthening:.2f}×)",
-                f"{r.tokens_per_correct:.0f}",
-                "—" if r.tokens_vs_null is None else f"{r.tokens_vs_null.value:+.0f}",
-            )
-            if generated
-            else ()
-        )
-        table.add_row(
-            name,
-            budget,
-            ratio,
-            _estimate(r.score),
-            *extra,
-            _estimate(r.vs_null, True),
-            wtl,
-            verdict,
-            margin,
-            _estimate(r.vs_full, True),
-            f"{r.problems} × {r.samples}",
-        )
-    console.print(table)
 
 
 def print_measured_n_avg(group: list[Cell]) -> None:
@@ -451,9 +311,7 @@ def print_measured_n_avg(group: list[Cell]) -> None:
         )
 
 
-def print_task_groups(
-    args: argparse.Namespace, cells: list[Cell], rows: list[ReportRow], snapshot: Path
-) -> None:
+def print_task_groups(args: argparse.Namespace, cells: list[Cell], rows: list[dict], snapshot: Path) -> None:
     """The suite's declared task groups (e.g. AIME 2025 + 2026), pooled, when the whole suite ran."""
     from kvbench.results.compare import Filters, compare
     from kvbench.specs.suite import load_suite
@@ -462,7 +320,7 @@ def print_task_groups(
     if not suite.groups or args.task:
         return
     pools = tuple((name, tuple(tasks)) for name, tasks in suite.groups.items())
-    for model in dict.fromkeys(r.model for r in rows):
+    for model in dict.fromkeys(r["model"] for r in rows):
         filters = Filters(
             model=model, protocol=cells[0].protocol.name, pools=pools, seed=cells[0].protocol.seed
         )
@@ -524,31 +382,35 @@ def compare_command(args: argparse.Namespace) -> int:
 def print_comparison(rows: list[dict], title: str, *, wide: bool = False) -> None:
     """Every row in one table of HEADER's columns (``wide``), else a compact table per model, task and
     runtime, with what an inconclusive row would need printed under it."""
-    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_note
-
     if wide:
-        table = Table(title=title)
-        for column in HEADER:
-            table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
-        for r in rows:
-            table.add_row(*display_cells(r))
-        console.print(table)
+        print_rows(rows, title, wide=True)
         return
     console.print(title)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["task"], r["protocol"], r["runtime"], r["seed"]), []).append(r)
     for (model, task, protocol, runtime, seed), group in groups.items():
-        table = Table(title=f"{task} on {model} · {protocol} · {runtime} seed {seed}")
-        for column in COMPACT_HEADER:
+        print_rows(group, f"{task} on {model} · {protocol} · {runtime} seed {seed}")
+
+
+def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
+    """Comparison rows as one table: HEADER's columns (``wide``), else COMPACT_HEADER's with what an
+    inconclusive row would need printed under it."""
+    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_note
+
+    table = Table(title=title)
+    for column in HEADER if wide else COMPACT_HEADER:
+        if wide:
+            table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
+        else:
             table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
-        for r in group:
-            table.add_row(*compact_cells(r))
-        console.print(table)
-        for r in group:
-            note = power_note(r["policy"], r["verdict"], r["problems_needed"], r["margin"])
-            if note:
-                console.print(note)
+    for r in rows:
+        table.add_row(*(display_cells(r) if wide else compact_cells(r)))
+    console.print(table)
+    for r in [] if wide else rows:
+        note = power_note(r["policy"], r["verdict"], r["problems_needed"], r["margin"])
+        if note:
+            console.print(note)
 
 
 def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:

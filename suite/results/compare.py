@@ -124,7 +124,7 @@ def _per_task(runs: list[StoredRun], summaries: dict[str, CellSummary], filters:
         references = [r for r in runs if r.role == Role.REFERENCE and r.context == context]
         arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=filters.against)
         rows += [
-            _row(context, budget, members[0].ratio, arm, pooled=False)
+            arm_row(context, budget, members[0].ratio, arm, pooled=False)
             for arm in _sorted(arms, filters.against)
         ]
     return rows
@@ -155,7 +155,7 @@ def _pooled(
             continue
         model, protocol, runtime, seed = context
         key = (model, name, protocol, runtime, seed)
-        rows += [_row(key, budget, ratio, arm, pooled=True) for arm in _sorted(arms, filters.against)]
+        rows += [arm_row(key, budget, ratio, arm, pooled=True) for arm in _sorted(arms, filters.against)]
     return rows
 
 
@@ -165,8 +165,9 @@ def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
     return sorted(shown, key=lambda a: (a.policy, a.params))
 
 
-def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *, pooled: bool) -> dict:
-    """One comparison row, formatted from the builder's result."""
+def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *, pooled: bool) -> dict:
+    """One comparison row of COLUMNS from the builder's result; ``key`` is (model, task, protocol, runtime,
+    seed). `kvbench run`'s table is made of these rows too, with each arm's role beside them."""
     test = arm.test
     samples = None if pooled else next(iter(arm.runs.values())).samples
     values = (
@@ -189,11 +190,9 @@ def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *,
         *_interval(arm.tokens_vs_baseline),
         *_interval(arm.truncation_vs_baseline),
         arm.tokens_per_correct_vs_baseline,
+        *_interval(arm.vs_baseline),  # the test's difference; for the full cache, its paired difference
         *(
             (
-                test.difference.value,
-                test.difference.low,
-                test.difference.high,
                 test.wins,
                 test.ties,
                 test.losses,
@@ -205,7 +204,7 @@ def _row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *,
                 test.problems_needed,
             )
             if test is not None
-            else (None,) * 7 + (NO_BASELINE,) + (None,) * 4
+            else (None,) * 4 + (NO_BASELINE,) + (None,) * 4
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -259,14 +258,14 @@ def _number(value: float | None, fmt: str) -> str:
 
 def display_cells(row: dict) -> list[str]:
     """The human-readable cells of one comparison row, in HEADER order (table and Markdown alike)."""
-    budget = str(row["budget"]) if row["budget"] is not None else f"N_avg/{row['ratio']:g}"
+    budget = str(row["budget"]) if row["budget"] is not None else f"N_avg/{_number(row['ratio'], 'g')}"
     return [
         row["model"],
         row["task"],
         f"{row['runtime']} seed {row['seed']}",
-        budget,
+        "—" if row.get("role") == Role.REFERENCE else budget,
         _number(row["k_over_n_avg"], ".2f"),
-        row["policy"],
+        arm_name(row),
         f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
         _number(row["strict"], ".3f"),
         f"{_number(row['truncation_rate'], '.0%')} / {_number(row['no_answer_rate'], '.0%')}",
@@ -304,13 +303,19 @@ SHORT_VERDICTS = {
 def compact_cells(row: dict) -> list[str]:
     """One comparison row in COMPACT_HEADER's columns; an interval as value ± its half-width."""
     return [
-        row["policy"],
+        arm_name(row),
         _number(row["k_over_n_avg"], ".2f"),
         plus_minus(row["score"], row["score_low"], row["score_high"]),
         plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True),
         compact_verdict(row["verdict"], row["p_holm"]),
         f"{row['problems']} × {row['samples_per_problem'] or '—'}",
     ]
+
+
+def arm_name(row: dict) -> str:
+    """The policy, and beside a null or full-cache row of `kvbench run`'s table its role."""
+    role = row.get("role", Role.POLICY)
+    return row["policy"] if role == Role.POLICY else f"{row['policy']} ({role})"
 
 
 def plus_minus(value: float | None, low: float | None, high: float | None, *, signed: bool = False) -> str:

@@ -12,52 +12,36 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from kvbench.adapters.base import KVBudget
 from kvbench.errors import BudgetError
 from kvbench.runner.plan import Cell, make_cell
 from kvbench.specs.protocol import BudgetRule
+from kvbench.specs.resolved import MeasurementRecord
 from kvbench.store.atomic import atomic_write
 from kvbench.store.shards import ShardStore, read_records
 
-
-@dataclass(frozen=True)
-class Measurement:
-    """The full-cache arm's generated lengths on one model and task, as a budget reads them."""
-
-    n_avg: float
-    reference_run: str
-    problems: int
-    samples: int
-    declared: float | None
-    """The task's declared ``n_avg`` for this model: the planning estimate, kept beside the measurement."""
-
-    def record(self) -> dict[str, float | int | str | None]:
-        """What a settled cell's identity says about the N_avg its K came from."""
-        return {
-            "measured": self.n_avg,
-            "declared": self.declared,
-            "reference_run": self.reference_run,
-            "problems": self.problems,
-            "samples": self.samples,
-        }
+_STORED = ("reference_run", "problems", "samples", "declared")
+"""A stored measurement's fields beside its mean, ``n_avg``."""
 
 
 def measurement_path(out: Path, key: str) -> Path:
     return out / "budgets" / f"{key}.json"
 
 
-def stored_measurement(out: Path, key: str) -> Measurement | None:
+def stored_measurement(out: Path, key: str) -> MeasurementRecord | None:
+    """The measurement stored under ``key`` (its file names the mean ``n_avg``, as it always has)."""
     path = measurement_path(out, key)
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text())
-        return Measurement(**{name: data[name] for name in Measurement.__dataclass_fields__})
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        return MeasurementRecord(**{name: data[name] for name in _STORED}, measured=data["n_avg"])
+    except (json.JSONDecodeError, KeyError, TypeError, pydantic.ValidationError) as exc:
         raise BudgetError(
             f"{path} does not read back as a measured N_avg ({exc}); the budgets of its cells follow it, "
             "so it is never replaced silently: restore it, or delete it to measure N_avg again (the cells "
@@ -65,7 +49,7 @@ def stored_measurement(out: Path, key: str) -> Measurement | None:
         ) from None
 
 
-def measure(out: Path, reference: Cell, problem_ids: Sequence[str]) -> Measurement:
+def measure(out: Path, reference: Cell, problem_ids: Sequence[str]) -> MeasurementRecord:
     """The mean generated length over every sample the full arm stored for these problems."""
     store = ShardStore(out, reference.run_id)
     missing = [p for p in problem_ids if not store.has(p)]
@@ -75,8 +59,8 @@ def measure(out: Path, reference: Cell, problem_ids: Sequence[str]) -> Measureme
             f"{', '.join(missing)}: run it to the end (the same `kvbench run` again)"
         )
     lengths = [r.generated_tokens for p in problem_ids for r in read_records(store.shard(p))]
-    return Measurement(
-        n_avg=sum(lengths) / len(lengths),
+    return MeasurementRecord(
+        measured=sum(lengths) / len(lengths),
         reference_run=reference.run_id,
         problems=len(problem_ids),
         samples=len(lengths),
@@ -84,32 +68,33 @@ def measure(out: Path, reference: Cell, problem_ids: Sequence[str]) -> Measureme
     )
 
 
-def _write_once(path: Path, measurement: Measurement) -> Measurement:
+def _write_once(path: Path, measurement: MeasurementRecord) -> MeasurementRecord:
     """Write the measurement unless another process already has; either way, the stored one wins."""
-    text = json.dumps({**measurement.__dict__, "created": time.time()}, indent=2)
+    stored = {"n_avg": measurement.measured, **measurement.model_dump(include=set(_STORED))}
+    text = json.dumps({**stored, "created": time.time()}, indent=2)
     atomic_write(path, lambda temp: temp.write_text(text), once=True)  # a run that measured first wins
     return stored_measurement(path.parent.parent, path.stem) or measurement
 
 
-def settle(cell: Cell, measurement: Measurement) -> Cell:
+def settle(cell: Cell, measurement: MeasurementRecord) -> Cell:
     """The cell at K = N_avg / ratio from the measured N_avg, with that measurement in its identity."""
     if cell.pending is None or cell.ratio is None:
         return cell
-    budget = BudgetRule(ratio=cell.ratio).budget(measurement.n_avg, cell.protocol.buffer)
+    budget = BudgetRule(ratio=cell.ratio).budget(measurement.measured, cell.protocol.buffer)
     return make_cell(
         cell.model,
         cell.task,
         cell.policy,
         cell.protocol,
         budget=budget,
-        n_avg=measurement.n_avg,
+        n_avg=measurement.measured,
         ratio=cell.ratio,
         samples=cell.samples,
         limit=cell.limit,
         role=cell.role,
         data=cell.data,
         runtime=cell.runtime,
-        measurement=measurement.record(),
+        measurement=measurement.model_dump(),
         suite=cell.suite,
     )
 

@@ -82,7 +82,7 @@ def test_the_run_table_pairs_with_its_own_seed(two_seeds: tuple[Path, dict]) -> 
     root, table = two_seeds
     h2o = next(r for r in table["rows"] if r["policy"] == "h2o")
     expected = sql_delta(root / "runs" / "kvbench.duckdb", "h2o", 7)
-    assert h2o["vs_null"]["value"] == pytest.approx(expected, abs=1e-12)
+    assert h2o["delta"] == pytest.approx(expected, abs=1e-12)
 
 
 def test_the_leaderboard_pairs_within_one_seed(two_seeds: tuple[Path, dict]) -> None:

@@ -10,8 +10,9 @@ import duckdb
 import pytest
 from invoke import kvbench
 
-from kvbench.runner.budgets import Measurement, settle
+from kvbench.runner.budgets import settle
 from kvbench.runner.plan import RunRequest, measurement_key, plan
+from kvbench.specs.resolved import MeasurementRecord
 
 GSM8K = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"
 # tiny-qwen3's byte-level prompts are longer than a quarter of a few hundred tokens: the test protocol
@@ -47,10 +48,15 @@ def test_settling_sets_k_from_the_measurement_and_records_it() -> None:
     cells = plan(_request(tasks=("gsm8k",)))
     policy = next(c for c in cells if c.role == "policy")
     full = next(c for c in cells if c.role == "reference")
-    measured = Measurement(n_avg=1000.0, reference_run=full.run_id, problems=3, samples=6, declared=2048.0)
-    settled = settle(policy, measured)
+
+    def measured(mean: float, problems: int = 3, samples: int = 6) -> MeasurementRecord:
+        return MeasurementRecord(
+            measured=mean, declared=2048.0, reference_run=full.run_id, problems=problems, samples=samples
+        )
+
+    settled = settle(policy, measured(1000.0))
     assert settled.pending is None and settled.budget == 256  # 1000 / 4 = 250 -> the nearest multiple of 64
-    assert settle(policy, Measurement(1500.0, full.run_id, 3, 6, 2048.0)).budget == 384  # 375 -> 384
+    assert settle(policy, measured(1500.0)).budget == 384  # 375 -> 384
     assert settled.n_avg == 1000.0 and settled.spec.record()["budget"] == 256
     assert settled.spec.record()["n_avg_measurement"] == {
         "measured": 1000.0,
@@ -60,7 +66,7 @@ def test_settling_sets_k_from_the_measurement_and_records_it() -> None:
         "samples": 6,
     }
     assert settled.run_id != policy.run_id
-    again = settle(policy, Measurement(1000.0, full.run_id, 4, 8, 2048.0))
+    again = settle(policy, measured(1000.0, 4, 8))
     assert again.budget == 256 and again.run_id != settled.run_id  # the identity says what was measured
 
 
