@@ -171,7 +171,9 @@ def _store(
         insert_rows(con, "runs", run_table(run.manifest for run in new))
         copy_samples(checked.samples, con, "list_contains(?, run_id)", [[r.run_id for r in new]])
     con.execute(
-        "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        # by name: a board made by an earlier kvbench may hold its columns in another order
+        "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
+        "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [submission[k] for k in SUBMISSION_COLUMNS],
     )
     con.executemany(
