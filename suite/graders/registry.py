@@ -9,54 +9,45 @@ the one a run uses.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvbench.errors import UnknownNameError
 
 
-class Verdict(Protocol):
-    correct: bool
-    no_answer: bool
-    version: str
-
-    @property
-    def score(self) -> float:
-        """The sample's value of the task's metric (1.0 or 0.0 for graders that judge right or wrong)."""
-        ...
-
-    @property
-    def reason(self) -> str | None: ...
-
-    @property
-    def detail(self) -> str | None: ...
-
-
 @dataclass(frozen=True)
 class BinaryVerdict:
-    """A right-or-wrong verdict (the math, choice and code graders'): 1 when correct, else 0."""
+    """A grader's verdict on one sample: right or wrong for the math, choice and code graders (1 when
+    correct, else 0); lm-eval's metric may also give partial credit."""
 
     correct: bool
+    """Full credit: the metric's maximum of 1 (exact match, accuracy); a partial score is not correct."""
     no_answer: bool
     detail: str | None
-    """What the grader read as the answer (a letter, an expression), or why the first test failed (the
-    code itself is kept in the output)."""
+    """What the grader read as the answer (a letter, an expression, lm-eval's filtered answer), or why the
+    first test failed (the code itself is kept in the output)."""
     version: str
     failure: str | None = None
     """Why it is wrong when that is more than a missing or wrong answer: a grader timeout, which test
     failed and how."""
+    metric: float | None = None
+    """The task's metric when it is more than right or wrong (lm-eval's); None: the score is ``correct``."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Secondary fields stored with the sample (every metric an lm-eval task computed)."""
 
     @property
     def score(self) -> float:
-        """The sample's value of the task's metric: 1 when correct, else 0."""
-        return float(self.correct)
+        """The sample's value of the task's metric: 1 when correct, else 0, unless ``metric`` says."""
+        return float(self.correct) if self.metric is None else self.metric
 
     @property
     def reason(self) -> str | None:
         """Why the sample is not correct (None when it is)."""
         if self.correct:
             return None
-        return self.failure or ("no answer" if self.no_answer else "wrong answer")
+        if self.failure:
+            return self.failure
+        return "no answer" if self.no_answer else "partial credit" if self.score > 0 else "wrong answer"
 
 
 class Grader(Protocol):
@@ -66,7 +57,7 @@ class Grader(Protocol):
         """The user prompt and the gold answer of one dataset row."""
         ...
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> Verdict: ...
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict: ...
 
     def close(self) -> None:
         """Release what grading holds (worker processes)."""

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from kvbench.graders.registry import BinaryVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "lm-eval-1"
-
-
-@dataclass(frozen=True)
-class LmEvalVerdict:
-    score: float
-    """The task's metric for this sample (``metric`` of the kvbench task)."""
-    correct: bool
-    """Full credit: the metric's maximum of 1 (exact match, accuracy); a partial score is not correct."""
-    no_answer: bool
-    detail: str | None
-    """The answer after the task's filter: what the metric read."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Every metric the task computed, stored with the sample."""
-    version: str = GRADER_VERSION
-
-    @property
-    def reason(self) -> str | None:
-        if self.correct:
-            return None
-        return "no answer" if self.no_answer else "partial credit" if self.score > 0 else "wrong answer"
 
 
 class LmEvalGrader:
@@ -40,19 +20,20 @@ class LmEvalGrader:
     def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
         raise TypeError("lm-eval tasks build their problems in kvbench.lmeval.tasks")
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> LmEvalVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
         answer = final_answer(output, thinking=thinking)
         if answer is None:
-            return LmEvalVerdict(score=0.0, correct=False, no_answer=True, detail=None)
+            return BinaryVerdict(False, True, None, GRADER_VERSION)
         scored = gold["loaded"].score(answer, gold["doc"])
         metrics = scored["metrics"]
         value = float(metrics[task.metric])
         filtered = scored["filtered"]
-        return LmEvalVerdict(
-            score=value,
-            correct=value >= 1.0,
-            no_answer=not str(filtered).strip(),
-            detail=str(filtered),
+        return BinaryVerdict(
+            value >= 1.0,
+            not str(filtered).strip(),
+            str(filtered),
+            GRADER_VERSION,
+            metric=value,
             extra={"lm_eval_metrics": metrics},
         )
 
