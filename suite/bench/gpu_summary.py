@@ -8,10 +8,6 @@ DECODE_COLUMNS = ["policy", "regime", "memory", "batch", "tokens/s", "× full", 
                   "barrier stall ms", "peak KV", "peak device"]  # fmt: skip
 
 
-DECODE_COLUMNS = ["policy", "regime", "memory", "batch", "tokens/s", "× full", "events", "ms / event",
-                  "barrier stall ms", "peak KV", "peak device"]  # fmt: skip
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

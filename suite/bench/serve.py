@@ -20,11 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbench.adapters.base import GREEDY
-from kvbench.bench.decode import refuse_without_eviction
+from kvbench.bench.decode import PROMPT, refuse_without_eviction
 from kvbench.core.schedule import Schedule
 from kvbench.registry import make_policy
-
-PROMPT = "Think step by step and explain, in detail, how to check whether a large number is prime."
 
 
 @dataclass(frozen=True)
