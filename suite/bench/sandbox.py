@@ -28,17 +28,13 @@ class SandboxTiming:
     p90_ms: float
 
 
-def _timed(run, repeats: int) -> list[float]:
+def _timed(arm: str, run, repeats: int) -> SandboxTiming:
     run()  # warm the page cache and the interpreter's files
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
         times.append((time.perf_counter() - started) * 1000)
-    return times
-
-
-def _summary(arm: str, times: list[float]) -> SandboxTiming:
     ordered = sorted(times)
     return SandboxTiming(arm, len(times), statistics.median(times), ordered[int(0.9 * (len(ordered) - 1))])
 
@@ -59,6 +55,6 @@ def time_sandbox(repeats: int = 50) -> list[SandboxTiming]:
             assert verdict.correct, verdict
 
         return [
-            _summary("plain subprocess", _timed(plain, repeats)),
-            _summary("sandbox", _timed(graded, repeats)),
+            _timed("plain subprocess", plain, repeats),
+            _timed("sandbox", graded, repeats),
         ]
