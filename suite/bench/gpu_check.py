@@ -338,16 +338,13 @@ def flash_attention_section(device: str, shapes: Shapes) -> dict[str, Any]:
 # -- imports ----------------------------------------------------------------------------------------
 def _names(path: Path) -> set[str]:
     """Distribution names listed one per line (``name==version``, comments after #), normalised."""
-    found = set()
-    for line in path.read_text().splitlines():
-        text = line.split("#")[0].strip()
-        if text:
-            found.add(_normal(re.split(r"[=<>!~ ;\[]", text)[0]))
-    return found
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return {_normal(text) for text in lines if text}
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def _normal(requirement: str) -> str:
+    """The normalised distribution name of a requirement (``name==version``, ``name[extra]``) or a name."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~ ;\[]", requirement)[0]).lower()
 
 
 REQUIREMENTS = Path("requirements")
@@ -356,11 +353,7 @@ REQUIREMENTS = Path("requirements")
 def imports_section(requirements: Path = REQUIREMENTS) -> dict[str, Any]:
     """kvbench's own requirements this process imported, and those the GPU node would not have."""
     node = _names(requirements / "gpu-node.txt") | _names(requirements / "gpu-wheels.txt")
-    declared = {
-        _normal(re.split(r"[=<>!~ ;\[]", r)[0])
-        for r in importlib.metadata.requires("kvbench") or []
-        if "extra ==" not in r
-    }
+    declared = {_normal(r) for r in importlib.metadata.requires("kvbench") or [] if "extra ==" not in r}
     by_module = importlib.metadata.packages_distributions()
     imported = {
         _normal(dist)
