@@ -49,16 +49,11 @@ def _conclude(rng: random.Random) -> str:
 TEMPLATES: tuple[_Template, ...] = (_arithmetic, _check, _plan, _doubt, _sum, _conclude)
 
 
-def filler_sentences(rng: random.Random):
-    """An endless stream of seeded reasoning-like sentences."""
-    while True:
-        yield rng.choice(TEMPLATES)(rng)
-
-
 def filler_tokens(rng: random.Random, count_tokens: Callable[[str], int], tokens: int) -> str:
     """Filler text of at least ``tokens`` tokens by ``count_tokens``, built sentence by sentence."""
     sentences, total = [], 0
-    for sentence in filler_sentences(rng):
+    while True:  # one sentence more is drawn than kept, as the stored probes were built
+        sentence = rng.choice(TEMPLATES)(rng)
         if total >= tokens:
             break
         sentences.append(sentence)
