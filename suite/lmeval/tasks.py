@@ -116,8 +116,8 @@ class LoadedTask:
         self.filter = self._filter()
         if spec.grader == "lm-eval":
             self._check_metric()
-        self.docs_sha256 = _digest([doc for _, doc in self.task.doc_iterator()])
-        if _digest([doc for _, doc in self.task.doc_iterator()]) != self.docs_sha256:  # read again
+        self.docs_sha256 = _sha256([doc for _, doc in self.task.doc_iterator()])[:16]
+        if _sha256([doc for _, doc in self.task.doc_iterator()])[:16] != self.docs_sha256:  # read again
             raise SpecError(
                 f"task {spec.name!r}: lm-eval's {self.source.task!r} gives its documents in a different "
                 "order or content each time they are read (an unseeded shuffle in process_docs?): seed it, "
@@ -169,12 +169,11 @@ class LoadedTask:
 
     def identity(self) -> dict[str, Any]:
         """What of lm-eval enters every cell's identity and provenance."""
-        config = json.dumps(self.task.dump_config(), sort_keys=True, default=str)
         return {
             "lm_eval_version": lm_eval_version(),
             "task": self.source.task,
             "task_version": str(self.task.VERSION),
-            "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+            "config_sha256": _sha256(self.task.dump_config()),
             "docs_sha256": self.docs_sha256,
             "num_fewshot": self.num_fewshot,
             "fewshot_seed": self.source.fewshot_seed,
@@ -256,9 +255,9 @@ def resolved_spec(spec: TaskSpec) -> TaskSpec:
     return with_overrides(spec, updates, {})
 
 
-def _digest(docs: list[Any]) -> str:
-    text = json.dumps(docs, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def _sha256(value: Any) -> str:
+    """The hex sha256 of a JSON-able value (keys sorted), as lm-eval tasks' identities have stored it."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _plain(value: Any) -> Any:
