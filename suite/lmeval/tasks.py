@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import random
 from pathlib import Path
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
 LM_EVAL_SEEDS = {"random": 0, "numpy": 1234, "torch": 1234}
 """The global seeds lm-eval's own evaluator sets before it builds tasks (its defaults), set here too, so
 that a task whose document processing draws random numbers builds the same documents as under lm-eval."""
-
-
-def lm_eval_version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")
 
 
 @functools.lru_cache(maxsize=4)
@@ -170,7 +165,7 @@ class LoadedTask:
     def identity(self) -> dict[str, Any]:
         """What of lm-eval enters every cell's identity and provenance."""
         return {
-            "lm_eval_version": lm_eval_version(),
+            "lm_eval_version": importlib.metadata.version("lm_eval"),
             "task": self.source.task,
             "task_version": str(self.task.VERSION),
             "config_sha256": _sha256(self.task.dump_config()),
