@@ -82,12 +82,7 @@ class KVBenchLM(HFLM):
         unique = list({id(r): r for r in requests}.values())
         for request in tqdm(unique, disable=disable_tqdm, desc="kvbench generate_until"):
             texts[id(request)] = self._generate(request, repeats[id(request)])
-        served: Counter[int] = Counter()
-        out = []
-        for request in requests:
-            out.append(texts[id(request)][served[id(request)]])
-            served[id(request)] += 1
-        return out
+        return [texts[id(request)].pop(0) for request in requests]  # each repeat takes its own sample
 
     def _generate(self, request: Any, samples: int) -> list[str]:
         context, gen_kwargs = request.args
@@ -100,7 +95,8 @@ class KVBenchLM(HFLM):
             [context], left_truncate_len=self.max_length - max_gen_toks, truncation=self.truncation
         )
         prompt = context_ids[0].tolist()
-        seeds = [self._seed(request, i) for i in range(samples)]
+        task, doc_id, _ = _key(request)
+        seeds = [sample_seed(self.settings.protocol_spec.seed, task, doc_id, i) for i in range(samples)]
         started = time.perf_counter()
         with _naming(request):
             result = self.kv_backend.generate(
@@ -208,10 +204,6 @@ class KVBenchLM(HFLM):
                 "requests": self.requests,
             },
         }
-
-    def _seed(self, request: Any, sample: int) -> int:
-        task, doc_id, _ = _key(request)
-        return sample_seed(self.settings.protocol_spec.seed, task, doc_id, sample)
 
     def _calibration_stats(self) -> Any:
         if "calibration" in self.policy.needs and self._calibration is None:
