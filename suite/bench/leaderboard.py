@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import duckdb
 import pyarrow as pa
@@ -131,10 +130,18 @@ def time_render(database: Path, label: str, policies: int, rows: int, public: bo
     app = Path(kvbench.leaderboard.__file__).with_name("app.py")
     # the app learns its database and mode as under `kvbench leaderboard [--public]`
     setting = {DATABASE_ENV: str(database), PUBLIC_ENV: "1" if public else ""}
-    with mock.patch.dict(os.environ, setting):
+    saved = {name: os.environ.get(name) for name in setting}
+    os.environ.update(setting)
+    try:
         started = time.perf_counter()
         test = AppTest.from_file(str(app), default_timeout=120).run()
         first = time.perf_counter() - started
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
     if test.exception:
         raise RuntimeError(f"the app failed on {label}: {test.exception[0].message}")
     started = time.perf_counter()
