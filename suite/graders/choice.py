@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.core.seeding import stable_seed
-from kvbench.graders.registry import BinaryVerdict
+from kvbench.graders.registry import GraderVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "choice-1"
@@ -47,11 +47,11 @@ def extract_letter(text: str) -> str | None:
     return plain[-1] if plain else None
 
 
-def grade_choice(output: str, answer: str, *, thinking: bool = False) -> BinaryVerdict:
+def grade_choice(output: str, answer: str, *, thinking: bool = False) -> GraderVerdict:
     """The verdict on the letter the grader read (its ``detail``)."""
     final = final_answer(output, thinking=thinking)
     letter = extract_letter(final) if final is not None else None
-    return BinaryVerdict(letter == answer, letter is None, letter, GRADER_VERSION)
+    return GraderVerdict(letter == answer, letter is None, letter, GRADER_VERSION)
 
 
 class ChoiceTaskGrader:
@@ -69,7 +69,7 @@ class ChoiceTaskGrader:
         prompt = task.prompt.replace("{question}", question).replace("{choices}", choices)
         return prompt, {"answer": shuffled.answer, "order": list(shuffled.order)}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         return grade_choice(output, gold["answer"], thinking=thinking)
 
     def close(self) -> None:

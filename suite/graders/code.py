@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from kvbench.graders.registry import BinaryVerdict
+from kvbench.graders.registry import GraderVerdict
 from kvbench.graders.sandbox import HARNESS, Limits, Sandbox
 from kvbench.graders.thinking import final_answer
 
@@ -94,14 +94,14 @@ def grade_code(
     thinking: bool = False,
     limits: Limits = DEFAULT_LIMITS,
     sandbox: Sandbox | None = None,
-) -> BinaryVerdict:
+) -> GraderVerdict:
     """The verdict on the last python block; when it fails, its detail and reason say why the first
     failing test failed: ``test N: REASON`` (timeout, output limit, exit N, wrong answer, malformed
     result)."""
     answer = final_answer(output, thinking=thinking)
     code = extract_code(answer) if answer is not None else None
     if code is None:
-        return BinaryVerdict(False, True, "no code block", GRADER_VERSION, failure="no code block")
+        return GraderVerdict(False, True, "no code block", GRADER_VERSION, failure="no code block")
     sandbox = sandbox or Sandbox()
     sandbox.check()  # a missing boundary stops the run, never grades a sample
     files = {"solution.py": code, "harness.py": HARNESS.read_text()}  # read once for every test
@@ -109,8 +109,8 @@ def grade_code(
         reason = _run_test(sandbox, files, test, function, limits)
         if reason is not None:
             failed = f"test {number}: {reason}"
-            return BinaryVerdict(False, False, failed, GRADER_VERSION, failure=failed)
-    return BinaryVerdict(True, False, None, GRADER_VERSION)
+            return GraderVerdict(False, False, failed, GRADER_VERSION, failure=failed)
+    return GraderVerdict(True, False, None, GRADER_VERSION)
 
 
 class CodeTaskGrader:
@@ -137,7 +137,7 @@ class CodeTaskGrader:
         prompt = task.prompt.replace("{question}", question).replace("{format}", form)
         return prompt, {"tests": tests, "function": function}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         return grade_code(output, gold["tests"], gold["function"], thinking=thinking)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import multiprocessing
 from multiprocessing.pool import Pool
 from typing import Any, Literal
 
-from kvbench.graders.registry import BinaryVerdict
+from kvbench.graders.registry import GraderVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "math-1 (math-verify 0.9)"
@@ -64,16 +64,16 @@ class MathGrader:
             answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
         return task.prompt.replace("{question}", question), {"answer": answer}
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         return self.grade_answer(output, gold["answer"], kind=task.answer_kind, thinking=thinking)
 
     def grade_answer(
         self, output: str, gold: str, *, kind: AnswerKind = "latex", thinking: bool = False
-    ) -> BinaryVerdict:
+    ) -> GraderVerdict:
         """The verdict on ``output``'s final answer against the gold value ``gold``."""
         answer = final_answer(output, thinking=thinking)
         if answer is None or not answer.strip():
-            return BinaryVerdict(False, True, None, GRADER_VERSION)
+            return GraderVerdict(False, True, None, GRADER_VERSION)
         if self._pool is None:
             self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
         pending = self._pool.apply_async(_verify, (gold, answer, kind))
@@ -81,5 +81,5 @@ class MathGrader:
             correct, extracted = pending.get(timeout=self.timeout)
         except multiprocessing.TimeoutError:
             self.close()  # the worker may be stuck in sympy: kill it with its pool
-            return BinaryVerdict(False, False, None, GRADER_VERSION, failure="grader timeout")
-        return BinaryVerdict(correct, extracted is None, extracted, GRADER_VERSION)
+            return GraderVerdict(False, False, None, GRADER_VERSION, failure="grader timeout")
+        return GraderVerdict(correct, extracted is None, extracted, GRADER_VERSION)

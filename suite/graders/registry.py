@@ -16,7 +16,7 @@ from kvbench.errors import UnknownNameError
 
 
 @dataclass(frozen=True)
-class BinaryVerdict:
+class GraderVerdict:
     """A grader's verdict on one sample: right or wrong for the math, choice and code graders (1 when
     correct, else 0); lm-eval's metric may also give partial credit."""
 
@@ -57,7 +57,7 @@ class Grader(Protocol):
         """The user prompt and the gold answer of one dataset row."""
         ...
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict: ...
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict: ...
 
     def close(self) -> None:
         """Release what grading holds (worker processes)."""

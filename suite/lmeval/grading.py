@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.graders.registry import BinaryVerdict
+from kvbench.graders.registry import GraderVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "lm-eval-1"
@@ -20,15 +20,15 @@ class LmEvalGrader:
     def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
         raise TypeError("lm-eval tasks build their problems in kvbench.lmeval.tasks")
 
-    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> BinaryVerdict:
+    def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         answer = final_answer(output, thinking=thinking)
         if answer is None:
-            return BinaryVerdict(False, True, None, GRADER_VERSION)
+            return GraderVerdict(False, True, None, GRADER_VERSION)
         scored = gold["loaded"].score(answer, gold["doc"])
         metrics = scored["metrics"]
         value = float(metrics[task.metric])
         filtered = scored["filtered"]
-        return BinaryVerdict(
+        return GraderVerdict(
             value >= 1.0,
             not str(filtered).strip(),
             str(filtered),

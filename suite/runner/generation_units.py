@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvbench.adapters.base import Backend, Sampling
-from kvbench.graders.registry import BinaryVerdict
+from kvbench.graders.registry import GraderVerdict
 from kvbench.runner.budgets import budget_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
@@ -86,7 +86,7 @@ class HubSource(TaskSource):
         return rows
 
 
-def graded_fields(verdict: BinaryVerdict, output: str, finish_reason: str, task: TaskSpec) -> dict[str, Any]:
+def graded_fields(verdict: GraderVerdict, output: str, finish_reason: str, task: TaskSpec) -> dict[str, Any]:
     """The SampleRecord fields a verdict decides, once: a run grading each sample as it is generated and
     `kvbench grade` grading stored outputs again both store what this says, so a re-grade with an
     unchanged grader changes nothing (a partial-credit metric stays the score, never the 0/1 of
