@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -260,8 +260,6 @@ def verdicts(comparisons: list[PairedComparison], alpha: float = ALPHA) -> list[
     corrected sign test says so; it is equivalent to the null only when the corrected TOST says its
     difference lies inside ±margin; otherwise inconclusive. The sign tests and the equivalence tests are
     each Holm-corrected across the table's policies."""
-    from dataclasses import replace
-
     adjusted = holm([c.p_value for c in comparisons])
     equivalent = holm([c.p_equivalence for c in comparisons])
     out = []
