@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from kvbench.errors import SpecError
     from kvbench.results.stats import calibration
     from kvbench.runner.orchestrate import run_cells

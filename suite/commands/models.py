@@ -50,17 +50,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     cal.set_defaults(func=calibrate_command)
 
 
-def load_calibration(policy, model: str, path: Path | None):
-    """The statistics a policy needs, or None when it needs none."""
-    if "calibration" not in policy.needs:
-        return None
-    from kvbench.core.calibration import QueryStats, default_path
-
-    return QueryStats.load(path or default_path(model), model=model)
-
-
 def generate_command(args: argparse.Namespace) -> int:
     from kvbench.adapters.base import Sampling, ended, find_adapter
+    from kvbench.core.calibration import QueryStats, default_path
     from kvbench.core.seeding import sample_seed
     from kvbench.registry import make_policy
     from kvbench.specs.model import load_model_spec
@@ -70,7 +62,9 @@ def generate_command(args: argparse.Namespace) -> int:
     schedule = schedule_from(args)
     spec = load_model_spec(args.model)
     with ended(find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")) as backend:
-        calibration = load_calibration(policy, spec.name, args.calibration)
+        calibration = None  # the statistics a policy needs, None when it needs none
+        if "calibration" in policy.needs:
+            calibration = QueryStats.load(args.calibration or default_path(spec.name), model=spec.name)
         seeds = [sample_seed(args.seed, "generate", args.prompt, i) for i in range(args.samples)]
         result = backend.generate(
             backend.prompt_ids(args.prompt),

@@ -141,41 +141,38 @@ def compare_with_reference(
             continue
         tolerance = math.hypot(ref.half_width, result.half_width)
         drop = ref.score - result.score
+        status: Status
+        detail = ""
         if drop > tolerance:
-            detail = f"score fell by {drop:.4f}, more than the tolerance {tolerance:.4f}"
-            findings.append(Finding(result.key, "regressed", True, ref, result, tolerance, detail))
+            status, detail = "regressed", f"score fell by {drop:.4f}, more than the tolerance {tolerance:.4f}"
         elif (result.null, result.full) != (ref.null, ref.full) and ref.null is not None:
+            status = "pairing changed"
             detail = (
                 f"paired with {result.null} and {result.full}; the reference with {ref.null} and {ref.full}"
             )
-            findings.append(Finding(result.key, "pairing changed", True, ref, result, tolerance, detail))
         elif result.identity != ref.identity:
+            status = "spec changed"
             detail = (
                 "the cell's resolved spec (model, task, protocol, parameters or runner version) is not the "
                 "reference's: review the change, then run --update-reference"
             )
-            findings.append(Finding(result.key, "spec changed", True, ref, result, tolerance, detail))
         elif result.outputs == ref.outputs:
-            findings.append(Finding(result.key, "same", False, ref, result, tolerance))
+            status = "same"
         elif result.code != ref.code:
+            status = "changed with its code"
             detail = "the policy's source changed; its outputs did too, within the tolerance"
-            findings.append(
-                Finding(result.key, "changed with its code", False, ref, result, tolerance, detail)
-            )
         elif environment_changes:
+            status = "changed with the environment"
             detail = "the environment differs: " + ", ".join(environment_changes)
-            findings.append(
-                Finding(result.key, "changed with the environment", False, ref, result, tolerance, detail)
-            )
         else:
+            status = "changed, code unchanged"
             detail = (
                 "outputs differ although the cell's spec, the policy's source, the library versions and the "
                 "machine did not change: the engine, runner or model code did; if intended, run "
                 "--update-reference"
             )
-            findings.append(
-                Finding(result.key, "changed, code unchanged", True, ref, result, tolerance, detail)
-            )
+        fails = status not in ("same", "changed with the environment", "changed with its code")
+        findings.append(Finding(result.key, status, fails, ref, result, tolerance, detail))
     for key, ref in known.items():
         detail = "in the reference, not in this run of the suite: run --update-reference if intended"
         findings.append(Finding(key, "dropped", True, ref, None, detail=detail))

@@ -206,7 +206,11 @@ def compare_table(
     if full is not None and base is not None:  # the full cache that pairs with the null, where K matters
         paired = {t: _partner(arms[base][t], every, full, Role.REFERENCE) for t in tasks}
         arms[full] = {**arms[full], **{t: run for t, run in paired.items() if run is not None}}
-    pooled = {arm: pool({t: summaries[got[t].run_id].scores for t in tasks}) for arm, got in arms.items()}
+
+    def own(arm: Arm, field: str) -> dict[tuple[str, str], float]:
+        return pool({t: getattr(summaries[arms[arm][t].run_id], field) for t in tasks})
+
+    pooled = {arm: own(arm, "scores") for arm in arms}
 
     def partner_runs(arm: Arm, other: Arm | None, role: Role) -> dict[str, StoredRun]:
         """Task -> the other arm's run that pairs with this arm's; empty unless every task has one."""
@@ -227,9 +231,6 @@ def compare_table(
         if not found:
             return None
         return pool({t: getattr(summaries[run.run_id], field) for t, run in found.items()})
-
-    def own(arm: Arm, field: str) -> dict[tuple[str, str], float]:
-        return pool({t: getattr(summaries[arms[arm][t].run_id], field) for t in tasks})
 
     nulls = {arm: partner_runs(arm, base, Role.NULL) for arm in arms}
     fulls = {arm: partner_runs(arm, full, Role.REFERENCE) for arm in arms}
@@ -264,9 +265,7 @@ def compare_table(
                 runs={t: got[t] for t in shown},
                 per_task={t: bootstrap_mean(list(summaries[got[t].run_id].scores.values())) for t in shown},
                 score=bootstrap_mean(list(pooled[arm].values())),
-                strict=bootstrap_mean(
-                    list(pool({t: p.strict for t, p in zip(tasks, parts, strict=True)}).values())
-                ),
+                strict=bootstrap_mean(list(own(arm, "strict").values())),
                 truncation_rate=_rate(parts, "truncation_rate"),
                 no_answer_rate=_rate(parts, "no_answer_rate"),
                 mean_generated_tokens=_rate(parts, "mean_generated_tokens"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -30,11 +30,6 @@ CACHED_RESAMPLES = 2**23
 """Resample matrices up to this many entries (64 MiB) are kept, six at most; larger ones are redrawn."""
 
 
-@lru_cache(maxsize=6)
-def _cached_counts(n: int, draws: int, seed: int) -> np.ndarray:
-    return _resample_counts(n, draws, seed)
-
-
 def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
     """[draws, n]: how often each of n problems appears in each bootstrap resample.
 
@@ -46,6 +41,9 @@ def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
     counts = np.bincount((picks + rows).ravel(), minlength=draws * n).reshape(draws, n).astype(float)
     counts.flags.writeable = False  # shared between calls through the cache
     return counts
+
+
+_cached_counts = lru_cache(maxsize=6)(_resample_counts)
 
 
 def bootstrap_mean(
@@ -262,8 +260,6 @@ def verdicts(comparisons: list[PairedComparison], alpha: float = ALPHA) -> list[
     corrected sign test says so; it is equivalent to the null only when the corrected TOST says its
     difference lies inside ±margin; otherwise inconclusive. The sign tests and the equivalence tests are
     each Holm-corrected across the table's policies."""
-    from dataclasses import replace
-
     adjusted = holm([c.p_value for c in comparisons])
     equivalent = holm([c.p_equivalence for c in comparisons])
     out = []
@@ -282,15 +278,11 @@ def resolvable_difference(problems: int, alpha: float = 0.05, power: float = 0.8
 
     A power note for the tables: with 30 AIME problems, effects below this are not resolvable.
     """
-    from scipy.stats import binom
-
     if problems == 0:
         return float("nan")
     for excess in np.arange(0.0, 0.5001, 0.005):
-        rate = 0.5 + excess
-        # the critical count of a two-sided exact test at alpha, on the upper side
-        critical = int(binom.isf(alpha / 2, problems, 0.5)) + 1
-        if binom.sf(critical - 1, problems, rate) >= power:
+        # every problem differs (discordance 1): winning 1/2 + excess of them is an effect of 2 · excess
+        if sign_test_power(problems, 1.0, 2 * excess, alpha) >= power:
             return float(excess)
     return 0.5
 
