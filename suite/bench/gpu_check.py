@@ -130,12 +130,8 @@ def verdict(report: dict[str, Any]) -> bool:
     nothing was imported that the GPU node lacks."""
     if report["errors"] or report["imports"]["not_on_gpu_node"]:
         return False
-    parity = report.get("parity")
-    if parity is not None:
-        for row in parity["policies"]:
-            if not (row["seeded"] if row["draws"] else row["equal"]):
-                return False
-    return True
+    rows = (report.get("parity") or {}).get("policies", [])  # none when the section did not run
+    return all(row["seeded"] if row["draws"] else row["equal"] for row in rows)
 
 
 # -- parity -----------------------------------------------------------------------------------------
