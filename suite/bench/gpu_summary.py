@@ -2,20 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-DECODE_COLUMNS = ["policy", "regime", "memory", "batch", "tokens/s", "× full", "events", "ms / event",
-                  "barrier stall ms", "peak KV", "peak device"]  # fmt: skip
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+"""A table's header and how one row of the report's section reads in it."""
 
 
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def _seeded(r: dict[str, Any]) -> str:
+    if not r["draws"]:
+        return "-"
+    same, other, alone = r["same_seed_same_kept"], r["other_seed_other_kept"], r["row_independent"]
+    return f"same seed {same}, other seed {other}, row alone {alone}"
+
+
+PARITY_COLUMNS: list[Column] = [
+    ("policy", lambda r: r["policy"]),
+    ("kind", lambda r: "draws" if r["draws"] else "deterministic"),
+    ("equal events", lambda r: f"{r['equal_events']}/{r['events']}"),
+    ("kept agreement", lambda r: f"{r['kept_agreement']:.3f}"),
+    ("equal", lambda r: str(r["equal"])),
+    ("draws follow the seed", _seeded),
+]
+EVENT_COST_COLUMNS: list[Column] = [
+    ("policy", lambda r: r["policy"]),
+    ("batch", lambda r: str(r["batch"])),
+    ("ms / event", lambda r: f"{r['ms_per_event']:.3f}"),
+    ("× random", lambda r: f"{r['ratio_to_random']:.2f}"),
+    ("copy floor ms", lambda r: f"{r['copy_floor_ms']:.3f}"),
+    ("paper H200 ms", lambda r: "-" if r["paper_h200_ms"] is None else f"{r['paper_h200_ms']:.2f}"),
+]
+DECODE_COLUMNS: list[Column] = [
+    ("policy", lambda r: r["policy"]),
+    ("regime", lambda r: r["batching"]),
+    ("memory", lambda r: "memory-bound" if r["memory_bound"] else "not memory-bound"),
+    ("batch", lambda r: str(r["batch"])),
+    ("tokens/s", lambda r: f"{r['tokens_per_second']:,.1f}"),
+    ("× full", lambda r: f"{r['speed_vs_full']:.2f}"),
+    ("events", lambda r: str(r["eviction_events"])),
+    ("ms / event", lambda r: f"{r['ms_per_event']:.2f}"),
+    ("barrier stall ms", lambda r: f"{r['barrier_stall_ms']:.2f}"),
+    ("peak KV", lambda r: _mib(r["peak_kv_bytes"])),
+    ("peak device", lambda r: _mib(r["peak_device_bytes"])),
+]
+
+
+def _table(columns: list[Column], rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -28,49 +67,18 @@ def summary(report: dict[str, Any]) -> str:
     ]
     parity = report.get("parity")
     if parity:
-        rows = []
-        for r in parity["policies"]:
-            seeded = (
-                f"same seed {r['same_seed_same_kept']}, other seed {r['other_seed_other_kept']}, "
-                f"row alone {r['row_independent']}"
-                if r["draws"]
-                else "-"
-            )
-            rows.append(
-                [
-                    r["policy"],
-                    "draws" if r["draws"] else "deterministic",
-                    f"{r['equal_events']}/{r['events']}",
-                    f"{r['kept_agreement']:.3f}",
-                    str(r["equal"]),
-                    seeded,
-                ]
-            )
         parts += [
             f"## Parity: kept positions on {report['device']} against {parity['reference_device']} "
             f"({parity['model']}, {parity['dtype']}, {parity['attention']}, K={parity['budget']}, "
             f"B={parity['buffer']}, {parity['forced_tokens']} teacher-forced tokens)",
-            _table(
-                ["policy", "kind", "equal events", "kept agreement", "equal", "draws follow the seed"], rows
-            ),
+            _table(PARITY_COLUMNS, parity["policies"]),
         ]
     cost = report.get("event_cost")
     if cost:
-        rows = [
-            [
-                r["policy"],
-                str(r["batch"]),
-                f"{r['ms_per_event']:.3f}",
-                f"{r['ratio_to_random']:.2f}",
-                f"{r['copy_floor_ms']:.3f}",
-                "-" if r["paper_h200_ms"] is None else f"{r['paper_h200_ms']:.2f}",
-            ]
-            for r in cost["rows"]
-        ]
         parts += [
             f"## Event cost: {cost['layers']} layers, Hkv={cost['kv_heads']}, Hq={cost['q_heads']}, "
             f"D={cost['head_dim']}, K={cost['budget']}, B={cost['buffer']}, {cost['dtype']}",
-            _table(["policy", "batch", "ms / event", "× random", "copy floor ms", "paper H200 ms"], rows),
+            _table(EVENT_COST_COLUMNS, cost["rows"]),
         ]
     for key, title in (("decode", "Decode throughput"), ("flash_attention", "Flash-attention 2")):
         section = report.get(key)
@@ -78,26 +86,10 @@ def summary(report: dict[str, Any]) -> str:
             if section is not None:
                 parts += [f"## {title}", section.get("note", "")]
             continue
-        rows = [
-            [
-                r["policy"],
-                r["batching"],
-                "memory-bound" if r["memory_bound"] else "not memory-bound",
-                str(r["batch"]),
-                f"{r['tokens_per_second']:,.1f}",
-                f"{r['speed_vs_full']:.2f}",
-                str(r["eviction_events"]),
-                f"{r['ms_per_event']:.2f}",
-                f"{r['barrier_stall_ms']:.2f}",
-                _mib(r["peak_kv_bytes"]),
-                _mib(r["peak_device_bytes"]),
-            ]
-            for r in section["rows"]
-        ]
         parts += [
             f"## {title}: {section['model']} ({section['dtype']}, {section['attention']}), "
             f"{section['rows'][0]['prompt_tokens']}-token prompt, {section['rows'][0]['tokens']} new tokens",
-            _table(DECODE_COLUMNS, rows),
+            _table(DECODE_COLUMNS, section["rows"]),
             f"random / full: {section['random_vs_full']}",
         ]
     imports = report["imports"]
