@@ -84,7 +84,7 @@ class ScorerProcess:
         self.log: collections.deque[bytes] = collections.deque()
         threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
         self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
-        self._finalizer = weakref.finalize(self, _stop, self.process, self.folder)
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes)
 
     def _drain(self, stream: Any) -> None:
         size = 0
@@ -131,44 +131,50 @@ class ScorerProcess:
         self._finalizer()
 
 
-def _stop(process: subprocess.Popen, folder: Path) -> None:
+def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes) -> None:
     kill(process)
+    pipes.close()
     shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Pipes:
     """The scorer's stdin and stdout: ``write(data)`` and a file-like ``read(n)``, each raising TimeoutError
-    past ``deadline``."""
+    past ``deadline``. Each pipe has one selector for the process's life: an event's request and reply
+    cross in many pipe-sized chunks, and a selector per chunk would cost system calls on every one."""
 
     def __init__(self, stdin: int, stdout: int) -> None:
         self.stdin, self.stdout, self.deadline = stdin, stdout, 0.0
-        os.set_blocking(stdin, False)
-        os.set_blocking(stdout, False)
+        self.readable, self.writable = selectors.DefaultSelector(), selectors.DefaultSelector()
+        for fd, selector, event in ((stdout, self.readable, selectors.EVENT_READ),
+                                    (stdin, self.writable, selectors.EVENT_WRITE)):  # fmt: skip
+            os.set_blocking(fd, False)
+            selector.register(fd, event)
 
     def read(self, count: int) -> bytes:
-        _wait(self.stdout, selectors.EVENT_READ, self.deadline)
+        self._wait(self.readable)
         return os.read(self.stdout, min(count, 1 << 24))
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            _wait(self.stdin, selectors.EVENT_WRITE, self.deadline)
+            self._wait(self.writable)
             try:
                 view = view[os.write(self.stdin, view) :]
             except BlockingIOError:
                 continue
 
-
-def _wait(fd: int, event: int, deadline: float) -> None:
-    """Return once ``fd`` is ready for ``event`` (a selectors event); TimeoutError past ``deadline``."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, event)
+    def _wait(self, selector: selectors.BaseSelector) -> None:
+        """Return once the selector's pipe is ready; TimeoutError past ``deadline``."""
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
             if selector.select(timeout=min(remaining, 1.0)):
                 return
+
+    def close(self) -> None:
+        self.readable.close()
+        self.writable.close()
 
 
 class IsolatedPolicy(Policy):
