@@ -274,8 +274,9 @@ def build_report(cells: Sequence[Cell], database: Path) -> list[dict]:
     rows = []
     for cell in cells:
         arm = results[cell.run_id]
-        budget = None if cell.role == Role.REFERENCE else cell.budget
-        row = arm_row(runs[cell.run_id].context, budget, cell.ratio, arm, pooled=False)
+        # the full cache runs at no K: its row shows none
+        budget, ratio = (None, None) if cell.role == Role.REFERENCE else (cell.budget, cell.ratio)
+        row = arm_row(runs[cell.run_id].context, budget, ratio, arm, pooled=False)
         rows.append({**row, "role": cell.role, "verdict": arm.verdict})
     return rows
 

@@ -258,12 +258,12 @@ def _number(value: float | None, fmt: str) -> str:
 
 def display_cells(row: dict) -> list[str]:
     """The human-readable cells of one comparison row, in HEADER order (table and Markdown alike)."""
-    budget = str(row["budget"]) if row["budget"] is not None else f"N_avg/{_number(row['ratio'], 'g')}"
+    budget, ratio = row["budget"], row["ratio"]  # neither for the full cache of `kvbench run`'s table
     return [
         row["model"],
         row["task"],
         f"{row['runtime']} seed {row['seed']}",
-        "—" if row.get("role") == Role.REFERENCE else budget,
+        str(budget) if budget is not None else "—" if ratio is None else f"N_avg/{ratio:g}",
         _number(row["k_over_n_avg"], ".2f"),
         arm_name(row),
         f"{row['score']:.3f} [{row['score_low']:.3f}, {row['score_high']:.3f}]",
