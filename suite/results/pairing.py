@@ -12,7 +12,7 @@ over the most problems: the paired statistics then use the problems both ran.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
 from kvbench.specs.resolved import ResolvedSpec, Role, digest
@@ -61,24 +61,17 @@ def partner(run: ResolvedSpec, candidates: Iterable[T], role: Role) -> T | None:
     return max(found, key=preference, default=None)
 
 
-def null_of(run: ResolvedSpec, candidates: Iterable[T]) -> T | None:
-    """The run's null: its protocol's baseline policy, stored in the null's role."""
-    nulls = (
-        c for c in candidates if c.spec.role == Role.NULL and c.spec.policy.name == run.protocol.baseline
-    )
-    return partner(run, nulls, Role.NULL)
-
-
-def reference_of(run: ResolvedSpec, candidates: Iterable[T]) -> T | None:
-    """The run's full cache: its protocol's reference policy, stored in the reference's role."""
-    references = (
-        c
-        for c in candidates
-        if c.spec.role == Role.REFERENCE and c.spec.policy.name == run.protocol.reference
-    )
-    return partner(run, references, Role.REFERENCE)
-
-
-def partners(run: ResolvedSpec, candidates: Sequence[T]) -> dict[str, T | None]:
-    """A policy run's null and full cache among ``candidates``, named as messages name them."""
-    return {"null": null_of(run, candidates), "full cache": reference_of(run, candidates)}
+def partners(run: ResolvedSpec, candidates: Iterable[T]) -> dict[str, T | None]:
+    """A policy run's null and full cache among ``candidates``, named as messages name them: its protocol's
+    baseline policy stored in the null's role, and its reference policy stored in the reference's."""
+    candidates = list(candidates)
+    wanted = {
+        "null": (Role.NULL, run.protocol.baseline),
+        "full cache": (Role.REFERENCE, run.protocol.reference),
+    }
+    return {
+        name: partner(
+            run, (c for c in candidates if (c.spec.role, c.spec.policy.name) == (role, policy)), role
+        )
+        for name, (role, policy) in wanted.items()
+    }

@@ -18,7 +18,7 @@ from kvbench.commands.check import cell_key, collect
 from kvbench.leaderboard.queries import Compression, leaderboard
 from kvbench.results.compare import Filters, compare
 from kvbench.results.comparison import stored_runs
-from kvbench.results.pairing import null_of, reference_of
+from kvbench.results.pairing import partners
 from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, RunRequest, plan
 from kvbench.specs.resolved import Role
@@ -73,7 +73,7 @@ def test_every_fidelity_run_is_paired_with_the_full_cache_scored_at_its_own_budg
     tested = [r for r in runs if r.role != Role.REFERENCE]
     assert len(tested) == 6  # streaming and the null at each K, the shared K = 320 stored once
     for run in tested:
-        full = reference_of(run.spec, runs)
+        full = partners(run.spec, runs)["full cache"]
         assert full is not None and full.spec.budget == run.budget
         assert scored[full.run_id] == scored[run.run_id], run.budget
     # a later K scores fewer predictions: had the sweeps shared one full cache, two K would disagree
@@ -114,8 +114,8 @@ def test_compare_check_the_leaderboard_and_export_pair_every_run_alike(
     assert chosen == {r.run_id for k in policy for r in (policy[k], null[k], full[k])}
     for k, run in policy.items():
         mine = next(s for s in shards if s.run_id == run.run_id)
-        assert null_of(mine.spec, shards).run_id == null[k].run_id
-        assert reference_of(mine.spec, shards).run_id == full[k].run_id
+        assert partners(mine.spec, shards)["null"].run_id == null[k].run_id
+        assert partners(mine.spec, shards)["full cache"].run_id == full[k].run_id
 
     # kvbench check records, for every policy cell, the null and the full cache it is paired with
     unique = list({c.run_id: c for c in cells}.values())
