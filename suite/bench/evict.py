@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -144,8 +144,9 @@ def bench_evict(
         times: dict[str, tuple[float, int]] = {}
         without: dict[str, float] = {}
         for name, policy in arms:
-            evictors = {
-                on: Evictor(
+            timed: dict[bool, Callable[[], tuple[float, int]]] = {}  # by whether the telemetry is on
+            for on in (False, True):
+                evictor = Evictor(
                     policy,
                     schedule,
                     model,
@@ -154,27 +155,16 @@ def bench_evict(
                     calibration=calibration,
                     telemetry=on,
                 )
-                for on in (False, True)
-            }
-
-            events: dict[bool, Callable[[], object]] = {
-                on: functools.partial(
+                event = functools.partial(
                     evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
                 )
-                for on, evictor in evictors.items()
-            }
-
-            def timed(
-                telemetry: bool, events: Mapping[bool, Callable[[], object]] = events
-            ) -> tuple[float, int]:
-                return median_ms(events[telemetry], where, min_run_time)
-
+                timed[on] = functools.partial(median_ms, event, where, min_run_time)
             if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
-                pairs = [(timed(False)[0], timed(True)) for _ in range(2)]
+                pairs = [(timed[False]()[0], timed[True]()) for _ in range(2)]
                 without[name] = min(off for off, _ in pairs)
                 times[name] = min((on for _, on in pairs), key=lambda t: t[0])
             else:
-                times[name] = timed(True)
+                times[name] = timed[True]()
         base = times["random"][0]
         results += [
             EvictTiming(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
@@ -66,52 +66,42 @@ def summarize(
         raise UnknownNameError("quantity", quantity, list(QUANTITIES))
     query = _QUERY.format(quantity=QUANTITIES[quantity])  # a column name from the table above, never input
     run_ids = list(dict.fromkeys(run_ids))
-    parts: dict[str, dict] = {
-        r: {
-            "scores": {},
-            "strict": {},
-            "tokens": {},
-            "cut": {},
-            "n": 0,
-            "none": 0,
-            "sum": 0,
-            "truncated": 0,
-            "right": None,
-        }
-        for r in run_ids
-    }
-    rows = con.execute(query, [run_ids]).fetchall()
-    for run_id, problem, metric, strict, n, cut, none, tokens, mean_tokens, right in rows:
-        part = parts[run_id]
-        if metric is not None:  # a problem none of whose samples has a metric is not scored
-            part["scores"][problem] = float(metric)
-        if strict is not None:  # continuous probe metrics have no correct/strict verdict
-            part["strict"][problem] = float(strict)
-        if mean_tokens is not None:
-            part["tokens"][problem] = float(mean_tokens)
-        if right is not None:
-            part["right"] = (part["right"] or 0) + right
-        part["cut"][problem] = cut / n
-        part["n"] += n
-        part["truncated"] += cut
-        part["none"] += none
-        part["sum"] += tokens or 0
+    problems: dict[str, list[_Problem]] = {r: [] for r in run_ids}
+    for row in con.execute(query, [run_ids]).fetchall():
+        problems[row[0]].append(_Problem(*row[1:]))
     out = {}
-    for run_id, p in parts.items():
-        n = p["n"]
+    for run_id, got in problems.items():
+        n = sum(p.n for p in got)
+        graded = [p.correct for p in got if p.correct is not None]
         out[run_id] = CellSummary(
             run_id,
-            scores=p["scores"],
-            strict=p["strict"],
-            tokens=p["tokens"],
-            truncated=p["cut"],
-            correct=p["right"],
+            # a problem none of whose samples has a metric is not scored
+            scores={p.problem: float(p.metric) for p in got if p.metric is not None},
+            # continuous probe metrics have no correct/strict verdict
+            strict={p.problem: float(p.strict) for p in got if p.strict is not None},
+            tokens={p.problem: float(p.mean_tokens) for p in got if p.mean_tokens is not None},
+            truncated={p.problem: p.cut / p.n for p in got},
+            correct=sum(graded) if graded else None,
             samples=n,
-            truncation_rate=p["truncated"] / n if n else float("nan"),
-            no_answer_rate=p["none"] / n if n else float("nan"),
-            mean_generated_tokens=p["sum"] / n if n else float("nan"),
+            truncation_rate=sum(p.cut for p in got) / n if n else float("nan"),
+            no_answer_rate=sum(p.no_answer for p in got) / n if n else float("nan"),
+            mean_generated_tokens=sum(p.tokens or 0 for p in got) / n if n else float("nan"),
         )
     return out
+
+
+class _Problem(NamedTuple):
+    """One problem of one run, as _QUERY sums its samples."""
+
+    problem: str
+    metric: float | None
+    strict: float | None
+    n: int
+    cut: int
+    no_answer: int
+    tokens: int | None
+    mean_tokens: float | None
+    correct: int | None
 
 
 def most_complete(
