@@ -6,14 +6,10 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from kvbench.errors import StorageError
-
-if TYPE_CHECKING:  # torch comes with it: commands that never touch a model start without it
-    from kvbench.core.schedule import Schedule
 
 # Piped output is not wrapped at 80 columns: tables stay readable in logs and CI. Text is printed as it
 # is: a policy name, a path or a message with "[/]" or ":smile:" in it is neither Rich markup nor an
@@ -46,31 +42,6 @@ def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
         raise StorageError(
             f"{flag} {given}: cannot write in {folder} ({exc.strerror or exc}); give a path you can write to"
         ) from exc
-
-
-def add_schedule_arguments(parser: argparse.ArgumentParser, budget: int | None = None) -> None:
-    group = parser.add_argument_group("eviction schedule")
-    group.add_argument(
-        "--budget",
-        type=int,
-        required=budget is None,
-        default=budget,
-        help="K: cache length after an eviction, buffer included",
-    )
-    group.add_argument("--buffer", type=int, default=64, help="B: recent tokens never evicted (default 64)")
-    group.add_argument("--protection", choices=["prompt", "sinks", "none"], default="prompt")
-    group.add_argument(
-        "--sinks", type=int, default=4, help="protected leading tokens with --protection sinks"
-    )
-    group.add_argument("--order", choices=["chronological", "score"], default="chronological")
-
-
-def schedule_from(args: argparse.Namespace) -> Schedule:
-    from kvbench.core.schedule import Schedule
-
-    return Schedule(
-        budget=args.budget, buffer=args.buffer, protection=args.protection, sinks=args.sinks, order=args.order
-    )
 
 
 def mib(nbytes: int) -> str:

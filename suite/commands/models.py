@@ -7,14 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import (
-    add_schedule_arguments,
-    add_threads_argument,
-    console,
-    mib,
-    schedule_from,
-    use_threads,
-)
+from kvbench.commands.common import add_threads_argument, console, mib, use_threads
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +17,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     gen.add_argument("prompt")
     gen.add_argument("--model", default="smollm2-135m")
     gen.add_argument("--policy", default="random", help="NAME[:k=v,...] or path/file.py:Class[:k=v,...]")
-    add_schedule_arguments(gen)
+    schedule = gen.add_argument_group("eviction schedule")
+    schedule.add_argument(
+        "--budget", type=int, required=True, help="K: cache length after an eviction, buffer included"
+    )
+    schedule.add_argument(
+        "--buffer", type=int, default=64, help="B: recent tokens never evicted (default 64)"
+    )
+    schedule.add_argument("--protection", choices=["prompt", "sinks", "none"], default="prompt")
+    schedule.add_argument(
+        "--sinks", type=int, default=4, help="protected leading tokens with --protection sinks"
+    )
+    schedule.add_argument("--order", choices=["chronological", "score"], default="chronological")
     gen.add_argument("--samples", type=int, default=1, help="samples of the prompt, decoded as one batch")
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -53,13 +57,16 @@ def register(commands: argparse._SubParsersAction) -> None:
 def generate_command(args: argparse.Namespace) -> int:
     from kvbench.adapters.base import Sampling, ended, find_adapter
     from kvbench.core.calibration import QueryStats, default_path
+    from kvbench.core.schedule import Schedule
     from kvbench.core.seeding import sample_seed
     from kvbench.registry import make_policy
     from kvbench.specs.model import load_model_spec
 
     use_threads(args.threads)
     policy = make_policy(args.policy)
-    schedule = schedule_from(args)
+    schedule = Schedule(
+        budget=args.budget, buffer=args.buffer, protection=args.protection, sinks=args.sinks, order=args.order
+    )
     spec = load_model_spec(args.model)
     with ended(find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")) as backend:
         calibration = None  # the statistics a policy needs, None when it needs none
