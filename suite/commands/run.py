@@ -408,10 +408,8 @@ def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     for r in rows:
         table.add_row(*(display_cells(r) if wide else compact_cells(r)))
     console.print(table)
-    for r in [] if wide else rows:
-        note = power_note(r["policy"], r["verdict"], r["problems_needed"], r["margin"])
-        if note:
-            console.print(note)
+    for note in filter(None, map(power_note, [] if wide else rows)):
+        console.print(note)
 
 
 def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:

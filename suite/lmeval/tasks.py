@@ -234,22 +234,6 @@ def task_sampling(kwargs: dict[str, Any]) -> Sampling:
     return Sampling(temperature, float(kwargs.get("top_p") or 1.0), int(kwargs.get("top_k") or 0))
 
 
-def resolved_spec(spec: TaskSpec) -> TaskSpec:
-    """An lm-eval task spec with what it leaves to lm-eval filled in: ``max_new_tokens`` from the task's
-    ``max_gen_toks`` and ``samples`` from its ``repeats``, unless the kvbench YAML sets them."""
-    from lm_eval.models.utils import normalize_gen_kwargs
-
-    task = loaded(spec)
-    updates: dict[str, Any] = {}
-    if "max_new_tokens" not in spec.model_fields_set:
-        updates["max_new_tokens"] = int(normalize_gen_kwargs(task.generation)["max_gen_toks"])
-    if "samples" not in spec.model_fields_set:
-        updates["samples"] = int(task.task.config.repeats or 1)
-    if not updates:
-        return spec
-    return with_overrides(spec, updates, {})
-
-
 def _sha256(value: Any) -> str:
     """The hex sha256 of a JSON-able value (keys sorted), as lm-eval tasks' identities have stored it."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
@@ -267,7 +251,17 @@ class LmEvalTaskSource(HubSource):
     local_data = False
 
     def resolve(self, task: TaskSpec) -> TaskSpec:
-        return resolved_spec(task)
+        """The spec with what it leaves to lm-eval filled in: ``max_new_tokens`` from the task's
+        ``max_gen_toks`` and ``samples`` from its ``repeats``, unless the kvbench YAML sets them."""
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        lm_eval_task = loaded(task)
+        updates: dict[str, Any] = {}
+        if "max_new_tokens" not in task.model_fields_set:
+            updates["max_new_tokens"] = int(normalize_gen_kwargs(lm_eval_task.generation)["max_gen_toks"])
+        if "samples" not in task.model_fields_set:
+            updates["samples"] = int(lm_eval_task.task.config.repeats or 1)
+        return with_overrides(task, updates, {}) if updates else task
 
     def identity(self, task: TaskSpec) -> dict[str, Any]:
         """lm-eval's version, the task's version, config and documents."""

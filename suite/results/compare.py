@@ -292,12 +292,6 @@ def _signed_interval(row: dict, name: str, fmt: str) -> str:
 COMPACT_HEADER = ("policy", "K/N_avg", "score ± CI", "Δ ± CI", "verdict (Holm p)", "problems")
 """The table a terminal shows by default, readable at 100 columns: one model and task per table, the
 baseline named in its title, problems as "problems × samples"; ``--wide`` shows every column of HEADER."""
-SHORT_VERDICTS = {
-    "beats null": "beats",
-    "loses to null": "loses",
-    "equivalent to null": "equivalent",
-    "inconclusive": "inconclusive",
-}
 
 
 def compact_cells(row: dict) -> list[str]:
@@ -325,17 +319,19 @@ def plus_minus(value: float | None, low: float | None, high: float | None, *, si
 
 
 def compact_verdict(verdict: str | None, p_holm: float | None) -> str:
-    if p_holm is None:
+    """A tested verdict by its first word ("beats", "loses", "equivalent", "inconclusive") and Holm p."""
+    if p_holm is None or verdict is None:
         return verdict or "—"
-    return f"{SHORT_VERDICTS.get(verdict or '', verdict)} p={p_holm:.3f}"
+    return f"{verdict.split()[0]} p={p_holm:.3f}"
 
 
-def power_note(policy: str, verdict: str | None, needed: int | None, margin: float | None) -> str | None:
+def power_note(row: dict) -> str | None:
     """Under the compact table: what an *inconclusive* arm would need (``--wide`` puts it in a cell)."""
-    if verdict != "inconclusive":
+    if row["verdict"] != "inconclusive":
         return None
+    needed = row["problems_needed"]
     reach = f"{needed} problems would give 80% power" if needed else "no number of problems gives 80% power"
-    return f"{policy}: inconclusive; {reach} to detect a difference of ±{margin:g}"
+    return f"{row['policy']}: inconclusive; {reach} to detect a difference of ±{row['margin']:g}"
 
 
 def verdict_text(verdict: str | None, p_holm: float | None, problems_needed: int | None) -> str:
