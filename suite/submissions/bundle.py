@@ -237,12 +237,13 @@ def _listed(
 
 def write_bundle(path: Path, members: dict[str, Path]) -> None:
     """A gzip'd tar of ``members`` (archive name -> file), sorted, with neutral owners and times, so that
-    the same members always give the same bytes."""
+    the same members always give the same bytes (gzip's header names no file: it would name the random
+    temporary file the bundle is written through)."""
 
     def pack(temp: Path) -> None:
         with (
             open(temp, "wb") as raw,
-            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
             tarfile.open(fileobj=packed, mode="w") as archive,
         ):
             for name in sorted(members):

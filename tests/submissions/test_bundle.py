@@ -150,3 +150,16 @@ def test_a_member_bundle_json_does_not_list_is_refused_before_writing(tmp_path: 
     failures = open_bundle(path, into)
     assert sorted((f.member, f.rule) for f in failures) == [(name, "digest") for name in sorted(BOMB)[1:]]
     assert list(into.rglob("*")) == []
+
+
+def test_the_same_members_give_the_same_bundle_bytes_wherever_it_is_written(tmp_path: Path) -> None:
+    """Two exports of one run are one file: gzip's header must not carry the (random) name of the
+    temporary file the bundle was written through, nor a time."""
+    member = tmp_path / "bundle.json"
+    member.write_text('{"cells": []}')
+    first, second = tmp_path / "a" / "one.tar.gz", tmp_path / "b" / "other-name.tar.gz"
+    for path in (first, second):
+        path.parent.mkdir()
+        bundle.write_bundle(path, {"bundle.json": member})
+    assert first.read_bytes() == second.read_bytes()
+    assert first.read_bytes()[3] == 0  # gzip's FLG byte: no file name, no comment, no extra field
