@@ -55,6 +55,10 @@ SUBMISSION_COLUMNS = (
     "kvbench_version", "withdrawn_at", "withdrawn_reason",
 )  # fmt: skip
 """The ``submissions`` table's columns, as a record names them."""
+VERIFICATION_COLUMNS = "bundle_sha256, run_id, outcome, method, problems, machine, verified_at, detail"
+"""The ``verifications`` table's columns in the order a record lists each row's values: named in every
+read and write, since a board made by an earlier kvbench may hold them in another order."""
+INSERT_VERIFICATION = f"INSERT INTO verifications ({VERIFICATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 KEPT = "submissions"
@@ -78,7 +82,8 @@ def _keep_records(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     for row in found.fetchall():
         record = dict(zip(names, row, strict=True))
         record["verifications"] = con.execute(
-            "SELECT * FROM verifications WHERE bundle_sha256 = ? ORDER BY verified_at, run_id",
+            f"SELECT {VERIFICATION_COLUMNS} FROM verifications WHERE bundle_sha256 = ? "
+            "ORDER BY verified_at, run_id",
             [record["bundle_sha256"]],
         ).fetchall()
         text = json.dumps(record, indent=1)
@@ -250,7 +255,7 @@ def live_submission(database: Path, sha256: str) -> bool:
 def record_verification(database: Path, sha256: str, outcomes: list[dict[str, Any]]) -> None:
     with _writing(database) as con:
         con.executemany(
-            "INSERT INTO verifications VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            INSERT_VERIFICATION,
             [
                 [
                     sha256,
@@ -335,7 +340,7 @@ def _replay(temp: Path, folder: Path, records: list[dict[str, Any]]) -> int:
             _withdraw(con, record["bundle_sha256"], record["withdrawn_at"], record["withdrawn_reason"])
         rows = [row for r in records for row in r["verifications"]]
         if rows:
-            con.executemany("INSERT INTO verifications VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            con.executemany(INSERT_VERIFICATION, rows)
         count = con.execute("SELECT count(*) FROM runs").fetchone()
     return count[0] if count else 0
 

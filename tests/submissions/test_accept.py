@@ -329,3 +329,30 @@ def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path,
     cli("accept", "--rebuild", "--db", str(db), cwd=tmp_path)
     assert _board(db) == withdrawn and withdrawn["runs"] == []
     assert withdrawn["submissions"][0][-1] == "wrong model revision"
+
+
+def test_a_verification_lands_in_its_columns_on_a_board_that_orders_them_otherwise(tmp_path: Path) -> None:
+    """A board made by an earlier kvbench may hold a table's columns in another order: verifications are
+    written, and kept in the submission's record, by column name."""
+    from kvbench.store.ingest import SCHEMA
+    from kvbench.submissions.board import SUBMISSION_TABLES, VERIFICATION_COLUMNS
+
+    db, sha = tmp_path / "board.duckdb", "ab" * 32
+    reordered = SUBMISSION_TABLES.replace(
+        "bundle_sha256 VARCHAR, run_id VARCHAR, outcome VARCHAR, method VARCHAR, problems INTEGER,\n"
+        "    machine JSON, verified_at DOUBLE, detail VARCHAR",
+        "detail VARCHAR, verified_at DOUBLE, machine JSON, problems INTEGER, method VARCHAR,\n"
+        "    outcome VARCHAR, run_id VARCHAR, bundle_sha256 VARCHAR",
+    )
+    assert reordered != SUBMISSION_TABLES
+    with duckdb.connect(str(db)) as con:
+        con.execute(SCHEMA + reordered)
+        con.execute("INSERT INTO submissions (bundle_sha256, accepted_at) VALUES (?, 1.0)", [sha])
+    outcome = {"run_id": "r1", "outcome": "reproduced", "method": "greedy", "problems": 3,
+               "machine": {"cpu": "x"}, "detail": "3 of 3", "seed": 7}  # fmt: skip
+    record_verification(db, sha, [outcome])
+    with duckdb.connect(str(db), read_only=True) as con:
+        row = con.execute("SELECT run_id, outcome, method, problems, detail FROM verifications").fetchone()
+    assert row == ("r1", "reproduced", "greedy", 3, "3 of 3 (draw seed 7)")
+    kept = json.loads((tmp_path / "submissions" / f"{sha}.json").read_text())["verifications"]
+    assert dict(zip(VERIFICATION_COLUMNS.split(", "), kept[0], strict=True))["outcome"] == "reproduced"
