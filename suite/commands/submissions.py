@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -226,10 +226,10 @@ def verify_command(args: argparse.Namespace) -> int:
         markup=False,
     )
     if args.json is not None:
-        text = json.dumps({"bundle_sha256": sha256, "outcomes": [o.record() for o in outcomes]})
+        text = json.dumps({"bundle_sha256": sha256, "outcomes": [asdict(o) for o in outcomes]})
         atomic_write(args.json, lambda temp: temp.write_text(text))
     if args.db is not None:
-        record_verification(args.db, sha256, [{**o.record(), "seed": seed} for o in outcomes])
+        record_verification(args.db, sha256, [{**asdict(o), "seed": seed} for o in outcomes])
     return 1 if any(o.outcome == "failed" for o in outcomes) else 0
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,6 @@ class Outcome:
     problems: int
     detail: str
     machine: dict[str, Any]
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def choose_problems(checked: Checked, count: int, seed: int) -> dict[str, list[str]]:
