@@ -38,7 +38,7 @@ from kvbench.registry import builtin_policies
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import partners
 from kvbench.runner.plan import RUNNER_VERSION
-from kvbench.specs.loading import SPEC_ROOT
+from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role, digest
 from kvbench.specs.suite import SuiteSpec, suite_names
@@ -321,7 +321,7 @@ def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked)
         return
     if suite.name != name:
         checked.fail(member, "suite", f"names itself {suite.name!r}, shipped as {name!r}")
-    elif name in suite_names() and (SPEC_ROOT / "suites" / f"{name}.yaml").read_bytes() != text:
+    elif name in suite_names() and find_spec_file("suite", "suites", name).read_bytes() != text:
         checked.fail(
             member,
             "suite",
