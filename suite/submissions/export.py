@@ -30,6 +30,9 @@ from kvbench.submissions.bundle import (
     FORMAT_VERSION,
     MANIFEST,
     NAME,
+    BundleCell,
+    BundleManifest,
+    Member,
     sha256_file,
     write_bundle,
 )
@@ -205,34 +208,34 @@ def export(
                 _check_name("policy", policy)
                 members[scorer_member] = sources[policy]
             cells.append(
-                {
-                    "run_id": run.run_id,
-                    "role": run.role,
-                    "label": run.manifest.get("label"),
-                    "output_digest": outputs_digest(con, run.run_id),
-                    "samples": counts[run.run_id],
-                    "suite": suite_member,
-                    "protocol": protocol_member,
-                    "scorer": scorer_member,
-                }
+                BundleCell(
+                    run_id=run.run_id,
+                    role=run.role,
+                    label=run.manifest.get("label"),
+                    output_digest=outputs_digest(con, run.run_id),
+                    samples=counts[run.run_id],
+                    suite=suite_member,
+                    protocol=protocol_member,
+                    scorer=scorer_member,
+                )
             )
         (staging / ENVIRONMENT).write_text(json.dumps(_environment(chosen), indent=1, default=str))
         members[ENVIRONMENT] = staging / ENVIRONMENT
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "schema_version": SCHEMA_VERSION,
-            "kvbench": kvbench.__version__,
-            "created": time.time(),
-            "submitter": submitter,
-            "description": description,
-            "cells": cells,
-            "members": {
-                name: {"sha256": sha256_file(path), "size": path.stat().st_size}
+        manifest = BundleManifest(
+            format=FORMAT,
+            format_version=FORMAT_VERSION,
+            schema_version=SCHEMA_VERSION,
+            kvbench=kvbench.__version__,
+            created=time.time(),
+            submitter=submitter,
+            description=description,
+            cells=cells,
+            members={
+                name: Member(sha256=sha256_file(path), size=path.stat().st_size)
                 for name, path in sorted(members.items())
             },
-        }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        )
+        (staging / MANIFEST).write_text(json.dumps(manifest.model_dump(mode="json"), indent=1))
         members[MANIFEST] = staging / MANIFEST
         destination.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(destination, members)
