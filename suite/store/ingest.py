@@ -69,38 +69,31 @@ _DAMAGED = (
 )
 
 
-def database_failure(database: Path, exc: duckdb.Error, fix: str) -> StorageError | None:
-    """What to tell the user when DuckDB failed on ``database``: its file system is full or read-only,
-    another process holds it, or it is damaged (then ``fix`` says how to rebuild it); None for any other
-    error (the original then says more). DuckDB's errors carry no errno: its message says which."""
+def database_failure(database: Path, exc: duckdb.Error, fix: str) -> NoReturn:
+    """Raise what to tell the user when DuckDB failed on ``database``: its file system is full or read-only,
+    another process holds it, or it is damaged (then ``fix`` says how to rebuild it); any other error is
+    raised as it is (it then says more). DuckDB's errors carry no errno: its message says which."""
     text = str(exc)
     line = text.splitlines()[0] if text else type(exc).__name__
     if any(marker in text for marker in _FULL):
-        return StorageError(
+        raise StorageError(
             f"cannot write {database}: {line}. Free space on its file system, then run the same command "
             "again: nothing stored is lost (a failed write leaves the database as it was)"
-        )
+        ) from exc
     if any(marker in text for marker in _DENIED):
-        return StorageError(
+        raise StorageError(
             f"cannot write {database}: {line}. Give a folder you can write to, or make this one writable"
-        )
+        ) from exc
     if "Conflicting lock" in text:
-        return StorageError(
+        raise StorageError(
             f"{database} is open in another process ({line}): let it finish or stop it; readers such as "
             "the leaderboard open the snapshot, never this file"
-        )
+        ) from exc
     if isinstance(exc, _DAMAGED):
-        return StorageError(
+        raise StorageError(
             f"{database} cannot be read: it is damaged or not a DuckDB database ({line}). {fix}"
-        )
-    return None
-
-
-def _raise_for(database: Path, exc: duckdb.Error, fix: str) -> NoReturn:
-    failure = database_failure(database, exc, fix)
-    if failure is None:
-        raise exc
-    raise failure from exc
+        ) from exc
+    raise exc
 
 
 @contextmanager
@@ -111,7 +104,7 @@ def reading(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
         with duckdb.connect(str(database), read_only=True) as con:
             yield con
     except duckdb.Error as exc:
-        _raise_for(database, exc, rebuild_hint(database))
+        database_failure(database, exc, rebuild_hint(database))
 
 
 SCHEMA = f"""
@@ -303,7 +296,7 @@ def transaction(database: Path, schema: str, fix: str) -> Iterator[duckdb.DuckDB
                     con.execute("ROLLBACK")
                 raise
     except duckdb.Error as exc:  # a full disk, a read-only folder or a damaged file, named
-        _raise_for(database, exc, fix)
+        database_failure(database, exc, fix)
 
 
 def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path], fresh: bool = False) -> int:
