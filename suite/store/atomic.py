@@ -10,6 +10,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from kvbench.errors import StorageError
 
@@ -19,25 +20,25 @@ DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 """The folder cannot take the file: no permission, or a read-only file system."""
 
 
-def write_failure(path: Path, exc: OSError) -> StorageError | None:
-    """What to tell the user when writing ``path`` failed with ``exc``; None when the failure is not one of
-    room or permission (then the original error says more)."""
+def write_failure(path: Path, exc: OSError) -> NoReturn:
+    """Raise what to tell the user when writing ``path`` failed with ``exc``; a failure that is not one of
+    room or permission is raised as it is (then the original error says more)."""
     why = exc.strerror or str(exc)
     if exc.errno in FULL:
-        return StorageError(
+        raise StorageError(
             f"cannot write {path}: {why}. Free space on its file system (or write somewhere else), then run "
             "the same command again: every file written before is whole and kept, and `kvbench run` "
             "computes only what is missing"
-        )
+        ) from exc
     if exc.errno in DENIED:
         # the file the system refused, when it is not one in the target's folder (a folder to create, a
         # file to copy from)
         other = exc.filename is not None and Path(os.fsdecode(exc.filename)).parent != path.parent
         where = f" ({os.fsdecode(exc.filename)})" if other else ""
-        return StorageError(
+        raise StorageError(
             f"cannot write {path}{where}: {why}. Give a folder you can write to, or make this one writable"
-        )
-    return None
+        ) from exc
+    raise exc
 
 
 def atomic_write(path: Path, write: Callable[[Path], object], *, once: bool = False) -> bool:
@@ -63,7 +64,4 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, once: bool = Fa
         finally:
             temp.unlink(missing_ok=True)
     except OSError as exc:
-        failure = write_failure(path, exc)
-        if failure is None:
-            raise
-        raise failure from exc
+        write_failure(path, exc)

@@ -154,10 +154,7 @@ def writer_lock(root: Path):
         root.mkdir(parents=True, exist_ok=True)
         handle = open(lock, "w")  # noqa: SIM115 (closed below, after the lock is released)
     except OSError as exc:
-        failure = write_failure(lock, exc)
-        if failure is None:
-            raise
-        raise failure from exc
+        write_failure(lock, exc)
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
