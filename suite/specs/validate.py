@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from kvbench.errors import KvbenchError, SpecError
 from kvbench.registry import make_policy
@@ -14,7 +15,8 @@ from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.suite import SuiteSpec, load_suite, suite_names
 from kvbench.specs.task import TaskSpec, load_task, task_names
 
-KINDS: dict[str, type[ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec]] = {
+Spec: TypeAlias = ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec
+KINDS: dict[str, type[Spec]] = {
     "models": ModelSpec,
     "protocols": ProtocolSpec,
     "suites": SuiteSpec,
@@ -47,14 +49,26 @@ def _check_protocol(protocol: ProtocolSpec) -> None:
             raise SpecError(f"protocol {protocol.name!r}, field `{field}`: {exc}") from None
 
 
-def _kind_of(path: Path) -> str:
+def _load(path: Path) -> Spec:
+    """A spec file, as the kind its folder names."""
     for part in reversed(path.resolve().parts[:-1]):
         if part in KINDS:
-            return part
+            return load_task(path) if part == "tasks" else load_spec(path, KINDS[part])
     raise SpecError(
         f"{path}: cannot tell which kind of spec this is; keep it in a folder named "
         f"{', '.join(KINDS)} (as in the project layout)"
     )
+
+
+def _checked(spec: Spec, check_task: Callable[[TaskSpec], Any]) -> tuple[str, str]:
+    """(kind, name) of a loaded spec, once what it refers to resolves."""
+    if isinstance(spec, TaskSpec):
+        check_task(spec)  # an lm-eval task loads, and kvbench can score it (metric, filter, documents)
+    if isinstance(spec, SuiteSpec):
+        _check_suite(spec)
+    if isinstance(spec, ProtocolSpec):
+        _check_protocol(spec)
+    return next(kind for kind, cls in KINDS.items() if isinstance(spec, cls)).rstrip("s"), spec.name
 
 
 def validate_paths(
@@ -62,34 +76,15 @@ def validate_paths(
 ) -> list[tuple[str, str]]:
     """Every spec (under ``path``, or every known one) loaded and checked; ``check_task`` also checks each
     task file with what its source loads (the caller's: lm-eval's tasks are above the specs)."""
-    checked: list[tuple[str, str]] = []
-    if path is None:
-        for name in model_names():
-            checked.append(("model", load_model_spec(name).name))
-        for name in protocol_names():
-            protocol = load_protocol(name)
-            _check_protocol(protocol)
-            checked.append(("protocol", protocol.name))
-        for name in task_names():
-            checked.append(("task", load_task(name).name))
-        for name in suite_names():
-            suite = load_suite(name)
-            _check_suite(suite)
-            checked.append(("suite", suite.name))
-        return checked
+    if path is None:  # each built-in loaded (lazily: one at a time) and checked, kind by kind
+        builtin: Iterator[Spec] = chain(
+            map(load_model_spec, model_names()),
+            map(load_protocol, protocol_names()),
+            map(load_task, task_names()),
+            map(load_suite, suite_names()),
+        )
+        return [_checked(spec, lambda task: task) for spec in builtin]
     files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
     if not files:
         raise SpecError(f"{path}: no .yaml file to validate")
-    for file in files:
-        kind = _kind_of(file)
-        spec: ModelSpec | ProtocolSpec | SuiteSpec | TaskSpec = (
-            load_task(file) if kind == "tasks" else load_spec(file, KINDS[kind])
-        )
-        if isinstance(spec, TaskSpec):
-            check_task(spec)  # an lm-eval task loads, and kvbench can score it (metric, filter, documents)
-        if isinstance(spec, SuiteSpec):
-            _check_suite(spec)
-        if isinstance(spec, ProtocolSpec):
-            _check_protocol(spec)
-        checked.append((kind.rstrip("s"), spec.name))
-    return checked
+    return [_checked(_load(file), check_task) for file in files]
