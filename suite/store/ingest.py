@@ -148,28 +148,22 @@ def _fingerprint(path: Path) -> str:
 
 
 @contextmanager
-def writer_lock(root: Path):
-    lock = root / ".ingest.lock"
+def publishing(database: Path) -> Iterator[Path]:
+    """The writer lock held over the block, which writes ``database``; then, unless it raised, a copy of
+    ``database`` published as its snapshot by atomic rename. Yields the snapshot's path."""
+    lock = database.parent / ".ingest.lock"
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        database.parent.mkdir(parents=True, exist_ok=True)
         handle = open(lock, "w")  # noqa: SIM115 (closed below, after the lock is released)
     except OSError as exc:
         write_failure(lock, exc)
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield snapshot_of(database)
+            atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextmanager
-def publishing(database: Path) -> Iterator[Path]:
-    """The writer lock held over the block, which writes ``database``; then, unless it raised, a copy of
-    ``database`` published as its snapshot by atomic rename. Yields the snapshot's path."""
-    with writer_lock(database.parent):
-        yield snapshot_of(database)
-        atomic_write(snapshot_of(database), lambda temp: shutil.copyfile(database, temp))
 
 
 SERVE_DETAILS = (
