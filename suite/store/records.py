@@ -223,15 +223,13 @@ def run_table(manifests: Iterable[dict[str, Any]]) -> pa.Table:
 def column(model: type[BaseModel], name: str) -> Column:
     """The storage of one field: its annotated Column, else the one of its Python type."""
     field = model.model_fields[name]
-    for marker in field.metadata:
-        if isinstance(marker, Column):
-            return marker
-    annotation = field.annotation
+    annotation, markers = field.annotation, list(field.metadata)
     if typing.get_origin(annotation) in (Union, types.UnionType):
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) is Annotated:
-        return next(m for m in typing.get_args(annotation)[1:] if isinstance(m, Column))
-    return _BY_TYPE[cast(type, annotation)]
+    if typing.get_origin(annotation) is Annotated:  # Annotated[int, INT32] | None: the marker is inside
+        annotation, *inner = typing.get_args(annotation)
+        markers += inner
+    return next((m for m in markers if isinstance(m, Column)), None) or _BY_TYPE[cast(type, annotation)]
 
 
 def arrow_schema(model: type[BaseModel]) -> pa.Schema:
