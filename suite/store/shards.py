@@ -67,18 +67,15 @@ def upgrade(table: pa.Table) -> pa.Table:
             if name not in row:  # schema 4 kept it in `secondary`
                 row[name] = extra.pop(key, None)
         row["eviction_seconds"] = row["eviction_seconds"] or 0.0
-        row["secondary"] = json.dumps(extra)
+        row["secondary"] = extra
         row.setdefault("reason", None)
-    return pa.Table.from_pylist([SampleRecord(**_parsed(r)).row() for r in rows], schema=SAMPLE_SCHEMA)
-
-
-def _parsed(row: dict[str, Any]) -> dict[str, Any]:
-    return {**row, "secondary": json.loads(row["secondary"] or "{}")}
+    return pa.Table.from_pylist([SampleRecord(**r).row() for r in rows], schema=SAMPLE_SCHEMA)
 
 
 def read_records(path: Path) -> list[SampleRecord]:
     """A shard's samples as records (a shard of an older schema is upgraded as it is read)."""
-    return [SampleRecord(**_parsed(row)) for row in upgrade(pq.read_table(path)).to_pylist()]
+    rows = upgrade(pq.read_table(path)).to_pylist()
+    return [SampleRecord(**{**row, "secondary": json.loads(row["secondary"] or "{}")}) for row in rows]
 
 
 def read_shard(path: Path) -> pa.Table | str:
