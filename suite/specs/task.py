@@ -234,13 +234,10 @@ class TaskSpec(StrictSpec):
         return isinstance(self.source, ProbeSource) and self.source.probe == "fidelity"
 
     def reference_n_avg(self, model: str) -> float | None:
-        if model in self.n_avg:
-            return self.n_avg[model]
-        if "*" in self.n_avg:
-            return self.n_avg["*"]
-        if isinstance(self.source, ProbeSource):
+        declared = self.n_avg.get(model, self.n_avg.get("*"))
+        if declared is None and isinstance(self.source, ProbeSource):
             return float(self.source.length)
-        return None
+        return declared
 
 
 def _task_dir() -> Path:
