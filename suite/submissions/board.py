@@ -182,7 +182,8 @@ def _store(
         [submission[k] for k in SUBMISSION_COLUMNS],
     )
     con.executemany(
-        "INSERT INTO submission_runs VALUES (?, ?, ?)", [[sha256, i, i not in stored] for i in ids]
+        "INSERT INTO submission_runs (bundle_sha256, run_id, added) VALUES (?, ?, ?)",
+        [[sha256, i, i not in stored] for i in ids],
     )
     return len(new)
 
