@@ -26,10 +26,6 @@ def cell_problems(cell: Cell, backend: Backend) -> list:
     return task_source(cell.task).problems(cell.task, backend, cell.limit, data, fingerprint)
 
 
-def prompt_length(problem, backend: Backend) -> int:
-    return len(problem.encoded(backend))
-
-
 class Graders(dict[str, Grader]):
     """One grader per name for a whole run (the math grader keeps a worker process), closed at its end."""
 
@@ -78,7 +74,7 @@ class Replica:
             if cell.pending is not None or not cell.policy.evicts:
                 continue
             schedule = cell.schedule()
-            longest = max(prompt_length(p, self.backend) for p in problems[cell.run_id])
+            longest = max(len(p.encoded(self.backend)) for p in problems[cell.run_id])
             prefix = schedule.protected_prefix(longest)
             if prefix.capped:
                 raise BudgetError(
