@@ -23,14 +23,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kvbench.policies.scoring import value_range
+
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
 HISTOGRAM_BINS = 30
 """Bins of each layer's Range(v) histogram, kept in the table so that the leaderboard can draw it."""
-
-
-def value_range(x: Tensor) -> Tensor:
-    """max − min over the last (head) dimension."""
-    return x.amax(dim=-1) - x.amin(dim=-1)
 
 
 def quantize_per_token(x: Tensor, bits: int, group: int) -> Tensor:
@@ -76,8 +73,8 @@ def layer_statistics(
     from scipy.stats import pearsonr, spearmanr
 
     stats: list[Stat] = []
-    v_range = value_range(values.float())  # [H, T]
-    k_range = value_range(keys.float())
+    v_range = value_range(values)  # [H, T], in float32
+    k_range = value_range(keys)
     errors = {b: quantization_error(values, b, min(group, values.shape[-1])) for b in bits}
     tokens = v_range.shape[1]
     edges = torch.linspace(0, tokens, position_bins + 1).round().long().tolist()
