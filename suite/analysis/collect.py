@@ -56,7 +56,7 @@ def collect(
     from kvbench.adapters.hf.backend import HFBackend
     from kvbench.adapters.hf.models import load_model
     from kvbench.errors import SpecError
-    from kvbench.runner.probe_units import make_probe_problems
+    from kvbench.runner.probe_units import encode_problem, make_probe_problems
     from kvbench.specs.task import load_task
 
     spec = load_task(task)
@@ -66,12 +66,12 @@ def collect(
             "(passkey, planted-fact, fidelity)"
         )
     loaded = load_model(model, device=device)
-    encode = HFBackend(loaded).encode
-    problems = make_probe_problems(spec.probe, limit, encode)
+    backend = HFBackend(loaded)
+    problems = make_probe_problems(spec.probe, limit, backend.encode)
     caches = []  # per problem: every layer's keys and values
     for problem in problems:
-        continuation = [t for _, piece in problem.token_pieces(encode) for t in piece]
-        caches.append(_cache_of(loaded, loaded.prompt_ids(problem.stub) + continuation))
+        prompt, continuation, _ = encode_problem(problem, backend)
+        caches.append(_cache_of(loaded, prompt + continuation))
     settings = {"limit": limit, "bits": list(bits), "group": group, "above": above, "bins": position_bins}
     stats: list[Stat] = []
     for layer in range(len(caches[0][0])):
