@@ -8,7 +8,7 @@ are: the lm-eval source lives in kvbench.lmeval, which builds on the runner, so 
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,8 +71,7 @@ class TaskSource(Protocol):
 
 def task_source(task: TaskSpec) -> TaskSource:
     """The source of a task, by its ``source.kind``."""
-    module, name = SOURCES[task.source.kind].split(":")
-    return getattr(importlib.import_module(module), name)()
+    return pkgutil.resolve_name(SOURCES[task.source.kind])()
 
 
 def resolved_task(task: TaskSpec) -> TaskSpec:
