@@ -17,13 +17,13 @@ from typing import Any
 
 import pydantic
 
-from kvbench.adapters.base import KVBudget
+from kvbench.adapters.base import Generation, TeacherForced
 from kvbench.errors import BudgetError
 from kvbench.runner.plan import Cell, make_cell
 from kvbench.specs.protocol import BudgetRule
 from kvbench.specs.resolved import MeasurementRecord
 from kvbench.store.atomic import atomic_write
-from kvbench.store.shards import ShardStore, read_records
+from kvbench.store.shards import ShardStore, problem_key, read_records
 
 _STORED = ("reference_run", "problems", "samples", "declared")
 """A stored measurement's fields beside its mean, ``n_avg``."""
@@ -132,11 +132,21 @@ def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str
     return settled
 
 
-def budget_fields(cell: Cell, budget: KVBudget | None, peak_bytes: int, rows: int) -> dict[str, Any]:
-    """The sample record's budget and memory fields: the budget is None for the full cache."""
-    held = budget if cell.policy.evicts else None
+def unit_fields(
+    cell: Cell, problem_id: str, result: Generation | TeacherForced, seconds: float, rows: int
+) -> dict[str, Any]:
+    """The fields every sample record of a unit shares (``rows`` samples decoded as one batch, in
+    ``seconds`` each): its cell and problem, its timings, budget and memory. The budget is None for the
+    full cache."""
+    held = result.kv_budget if cell.policy.evicts else None
     return {
+        "run_id": cell.run_id,
+        "task": cell.task.name,
+        "problem_id": problem_id,
+        "problem_hash": problem_key(problem_id),
+        "eviction_seconds": result.eviction_seconds / rows,
+        "wall_seconds": seconds,
         "kv_budget_tokens": held.tokens if held is not None else None,
         "kv_budget_bytes": held.bytes if held is not None else None,
-        "kv_peak_bytes": peak_bytes // max(rows, 1),
+        "kv_peak_bytes": result.peak_kv_bytes // max(rows, 1),
     }

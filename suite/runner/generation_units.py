@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.registry import GraderVerdict
-from kvbench.runner.budgets import budget_fields
+from kvbench.runner.budgets import unit_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
 from kvbench.specs.task import TaskSpec
 from kvbench.specs.task_data import Problem, check_data, load_problems
 from kvbench.store.records import SampleRecord
-from kvbench.store.shards import problem_key
 
 if TYPE_CHECKING:
     from kvbench.runner.execute import Graders
@@ -62,24 +61,19 @@ class HubSource(TaskSource):
             stop_strings=problem.stop,
         )
         seconds = (time.perf_counter() - started) / len(seeds)
+        shared = unit_fields(cell, problem.problem_id, result, seconds, len(seeds))
         rows = []
         for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
             verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
             rows.append(
                 SampleRecord(
-                    run_id=cell.run_id,
-                    task=cell.task.name,
-                    problem_id=problem.problem_id,
-                    problem_hash=problem_key(problem.problem_id),
+                    **shared,
                     sample=i,
                     seed=seed,
                     finish_reason=sample.finish_reason,
                     generated_tokens=sample.generated,
                     evictions=sample.evictions,
-                    eviction_seconds=result.eviction_seconds / len(seeds),
-                    wall_seconds=seconds,
                     **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
-                    **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
                     **(sample.retention.record_fields() if sample.retention is not None else {}),
                 )
             )

@@ -12,12 +12,11 @@ from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.errors import SpecError
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
-from kvbench.runner.budgets import budget_fields
+from kvbench.runner.budgets import unit_fields
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
 from kvbench.specs.task import TaskSpec
 from kvbench.store.records import SampleRecord
-from kvbench.store.shards import problem_key
 
 if TYPE_CHECKING:
     from kvbench.runner.execute import Graders
@@ -77,6 +76,7 @@ class ProbeTaskSource(TaskSource):
             watch=watch,
         )
         seconds = (time.perf_counter() - started) / len(seeds)
+        shared = unit_fields(cell, problem.problem_id, result, seconds, len(seeds))
         rows = []
         for i, seed in enumerate(seeds):
             measured: dict[str, Any] = {}
@@ -108,10 +108,7 @@ class ProbeTaskSource(TaskSource):
                 measured.update(retention.record_fields())
             rows.append(
                 SampleRecord(
-                    run_id=cell.run_id,
-                    task=cell.task.name,
-                    problem_id=problem.problem_id,
-                    problem_hash=problem_key(problem.problem_id),
+                    **shared,
                     sample=i,
                     seed=seed,
                     metric=metric,
@@ -120,11 +117,8 @@ class ProbeTaskSource(TaskSource):
                     finish_reason="teacher-forced",
                     generated_tokens=len(continuation),
                     evictions=result.eviction_events,
-                    eviction_seconds=result.eviction_seconds / len(seeds),
                     secondary=secondary,
                     output=None,
-                    wall_seconds=seconds,
-                    **budget_fields(cell, result.kv_budget, result.peak_kv_bytes, len(seeds)),
                     **measured,
                 )
             )
