@@ -12,8 +12,8 @@ def correlation_bars(table: Any) -> Any:
     width."""
     import plotly.express as px
 
-    rows = table[table["statistic"].str.match(r"^(pearson|spearman)_range_v_error_\d+bit$")].copy()
-    parts = rows["statistic"].str.extract(r"^(?P<kind>pearson|spearman)_range_v_error_(?P<bits>\d+)bit$")
+    parts = table["statistic"].str.extract(r"^(?P<kind>pearson|spearman)_range_v_error_(?P<bits>\d+)bit$")
+    rows = table[parts["kind"].notna()].copy()
     rows["correlation"] = parts["kind"]
     rows["bits"] = parts["bits"] + "-bit"
     figure = px.bar(
