@@ -106,8 +106,7 @@ class RayExecutor:
     def __init__(self, out: Path, options: RayOptions = RayOptions()) -> None:
         self.out, self.options, self.started_here = out, options, False
         self.key: tuple[Any, Any] | None = None  # the model and runtime the replicas hold
-        self.replicas: list[Any] = []
-        self.nodes: dict[int, str] = {}
+        self.replicas: list[tuple[Any, str]] = []  # each replica's actor and the node it runs on
         self.provenance: dict[str, Any] = {}
 
     def prepare(self, cells: Sequence[Cell]) -> Prepared:
@@ -118,12 +117,12 @@ class RayExecutor:
         if self.key != (cells[0].model, cells[0].runtime):
             self._release()
             self.key = (cells[0].model, cells[0].runtime)
-            self.replicas = self._replicas(cells[0])
-            places = ray.get([r.where.remote() for r in self.replicas])
+            actors = self._replicas(cells[0])
+            places = ray.get([r.where.remote() for r in actors])
             load = max(p["load_seconds"] for p in places)
             self.provenance = {**places[0]["provenance"], "executor": _executor_record(places, self.options)}
-            self.nodes = {id(r): p["node"] for r, p in zip(self.replicas, places, strict=True)}
-        problems = ray.get(self.replicas[0].prepare.remote(list(cells)))
+            self.replicas = [(r, p["node"]) for r, p in zip(actors, places, strict=True)]
+        problems = ray.get(self.replicas[0][0].prepare.remote(list(cells)))  # any replica: one model
         return Prepared(problems, self.provenance, load)
 
     def _replicas(self, cell: Cell) -> list[Any]:
@@ -157,19 +156,18 @@ class RayExecutor:
         write = self.options.results == "shared"
         state: Counter = Counter()  # (node, done | running | failed) -> units
         idle = list(self.replicas)
-        pending: dict[Any, tuple[Unit, Any]] = {}
+        pending: dict[Any, tuple[Unit, tuple[Any, str]]] = {}
         while queue or pending:
             while queue and idle:
-                unit, replica = queue.pop(0), idle.pop()
-                pending[replica.run.remote(unit, write)] = (unit, replica)
-                state[self.nodes[id(replica)], "running"] += 1
+                unit, (actor, node) = queue.pop(0), idle.pop()
+                pending[actor.run.remote(unit, write)] = (unit, (actor, node))
+                state[node, "running"] += 1
             finished, _ = ray.wait(list(pending), num_returns=1)
             for ref in finished:
-                unit, replica = pending.pop(ref)
-                node = self.nodes[id(replica)]
+                unit, (actor, node) = pending.pop(ref)
                 state[node, "running"] -= 1
                 # Ray restarts a dead replica (max_restarts=-1), so it serves the next unit either way
-                idle.append(replica)
+                idle.append((actor, node))
                 try:
                     result = ray.get(ref)
                 except Exception as exc:  # its retries exhausted, or the unit itself raised
@@ -187,7 +185,7 @@ class RayExecutor:
             status(f"{units[0].cell.model.name}  {_progress(state)}")
 
     def _release(self) -> None:
-        for replica in self.replicas:
+        for replica, _ in self.replicas:
             with contextlib.suppress(Exception):  # a replica that is gone has nothing to close
                 ray.get(replica.close.remote(), timeout=30)
             ray.kill(replica)
