@@ -304,12 +304,9 @@ def plan(request: RunRequest) -> list[Cell]:
     """
     if request.budget is not None and request.ratio is not None:
         raise SpecError("give --budget (a fixed K) or --ratio (K = N_avg/ratio), not both")
-    if request.budget is not None:
-        validate_values(
-            BudgetRule, {"fixed": request.budget}, {"fixed": "--budget"}, {"fixed": request.budget}
-        )
-    if request.ratio is not None:
-        validate_values(BudgetRule, {"ratio": request.ratio}, {"ratio": "--ratio"}, {"ratio": request.ratio})
+    for name, flag, value in (("fixed", "--budget", request.budget), ("ratio", "--ratio", request.ratio)):
+        if value is not None:
+            validate_values(BudgetRule, {name: value}, {name: flag}, {name: value})
     runtime = _runtime(request)
     suite: SuiteSpec = load_suite(request.suite)
     text = find_spec_file("suite", "suites", request.suite).read_text(encoding="utf-8")
