@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.adapters.base import find_adapter
 from kvbench.core.contract import Policy
 from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError, SpecError
@@ -57,8 +58,6 @@ class Runtime:
         return self.device.split(":", 1)[0]
 
     def record(self, dtype: str) -> dict[str, str]:
-        from kvbench.adapters.base import find_adapter
-
         return {
             "adapter": self.adapter,
             "device": self.device_kind,
@@ -215,8 +214,6 @@ def make_cell(
 
 
 def _runtime(request: RunRequest) -> Runtime:
-    from kvbench.adapters.base import find_adapter
-
     find_adapter(request.adapter)  # an unknown name is refused with the known ones
     import torch
 
@@ -380,8 +377,6 @@ def plan(request: RunRequest) -> list[Cell]:
 def check_capabilities(cells: list[Cell]) -> None:
     """Every cell against what its adapter provides, once, before any model loads: one error naming all
     that cannot run."""
-    from kvbench.adapters.base import find_adapter
-
     problems: list[str] = []
     for runtime in dict.fromkeys(c.runtime for c in cells):
         adapter = find_adapter(runtime.adapter)
