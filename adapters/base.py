@@ -9,7 +9,7 @@ can add one under the ``kvbench.adapters`` entry-point group.
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -250,5 +250,4 @@ def find_adapter(name: str) -> Adapter:
         if not found:
             raise UnknownNameError("adapter", name, known_adapters())
         return found[0].load()()
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)()
+    return pkgutil.resolve_name(target)()

@@ -8,7 +8,7 @@ the one a run uses.
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,5 +104,4 @@ def sandboxed(grader: str) -> bool:
 
 
 def make_grader(name: str) -> Grader:
-    module, _, attribute = entry(name).target.partition(":")
-    return getattr(importlib.import_module(module), attribute)()
+    return pkgutil.resolve_name(entry(name).target)()
