@@ -19,6 +19,11 @@ GRADER_VERSION = "math-1 (math-verify 0.9)"
 AnswerKind = Literal["latex", "integer"]
 
 
+def gold_after(text: str, marker: str | None) -> str:
+    """The text after the last ``marker`` (GSM8K's '####') without thousands separators, or all of it."""
+    return text.rsplit(marker, 1)[-1].strip().replace(",", "") if marker else text
+
+
 def _verify(gold: str, answer: str, kind: AnswerKind) -> tuple[bool, str | None]:
     """Runs in a worker: parse gold and prediction (boxed first), then verify."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -59,9 +64,7 @@ class MathGrader:
 
     def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
         fields = task.source.fields
-        answer = str(row[fields.answer])
-        if fields.answer_after:
-            answer = answer.rsplit(fields.answer_after, 1)[-1].strip().replace(",", "")
+        answer = gold_after(str(row[fields.answer]), fields.answer_after)
         return task.prompt.replace("{question}", question), {"answer": answer}
 
     def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:

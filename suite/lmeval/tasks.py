@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvbench.errors import PrerequisiteError, SpecError
+from kvbench.graders.math import gold_after
 from kvbench.runner.generation_units import HubSource
 from kvbench.specs.loading import with_overrides
 from kvbench.specs.task import LmEvalSource, TaskSpec
@@ -191,9 +192,7 @@ class LoadedTask:
             context = self.task.fewshot_context(doc, num_fewshot=self.num_fewshot or 0)
             gold = {"doc": doc, "loaded": self}
             if self.spec.grader == "math":
-                target = str(self.task.doc_to_target(doc))
-                after = self.source.answer_after
-                gold["answer"] = target.rsplit(after, 1)[-1].strip().replace(",", "") if after else target
+                gold["answer"] = gold_after(str(self.task.doc_to_target(doc)), self.source.answer_after)
             problems.append(
                 Problem(
                     str(doc_id),
