@@ -17,6 +17,8 @@ from kvbench.core.calibration import QueryStats
 from kvbench.core.contract import EvictionView, LayerState, ModelFacts, StepView
 from kvbench.isolation.wire import Frame as Message
 
+EVENT_SCALARS = ("layer", "event", "step", "prompt_len", "budget", "keep")  # an EvictionView's integers
+
 
 def _model(model: ModelFacts) -> Message:
     facts = {k: v for k, v in asdict(model).items() if k != "rope_inv_freq"}
@@ -45,8 +47,7 @@ def layer_state(header: dict[str, Any], tensors: dict[str, Tensor]) -> LayerStat
 def eviction_request(view: EvictionView) -> Message:
     head, tensors = _model(view.model)
     state_head, state = _state(view.state)
-    scalars = ("layer", "event", "step", "prompt_len", "budget", "keep")
-    head |= state_head | {"op": "score", **{k: getattr(view, k) for k in scalars}}
+    head |= state_head | {"op": "score", **{k: getattr(view, k) for k in EVENT_SCALARS}}
     head["seeds"] = [g.initial_seed() for g in view.rngs]  # fresh generators: the seed is the whole state
     tensors |= state | {"keys": view.keys, "values": view.values}
     tensors |= {"positions": view.positions, "protected": view.protected}
@@ -70,7 +71,7 @@ def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> Evictio
         values=tensors["values"],
         positions=tensors["positions"],
         protected=tensors["protected"],
-        **{k: int(header[k]) for k in ("layer", "event", "step", "prompt_len", "budget", "keep")},
+        **{k: int(header[k]) for k in EVENT_SCALARS},
         model=_model_facts(header, tensors),
         state=layer_state(header, tensors),
         rngs=tuple(torch.Generator().manual_seed(int(seed)) for seed in header["seeds"]),
