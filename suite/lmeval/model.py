@@ -20,7 +20,7 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -131,17 +131,17 @@ class KVBenchLM(HFLM):
         return texts
 
     def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        out: list[tuple[float, bool]] = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="kvbench loglikelihood"):
-            self._current = request
-            out.extend(super().loglikelihood([request], disable_tqdm=True))
-        return out
+        return self._one_by_one(super().loglikelihood, requests, disable_tqdm)
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
-        out: list[float] = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="kvbench loglikelihood_rolling"):
+        return self._one_by_one(super().loglikelihood_rolling, requests, disable_tqdm)
+
+    def _one_by_one(self, method: Callable[..., list], requests: list, disable_tqdm: bool) -> list:
+        """HFLM's ``method`` on each request alone, which ``_loglikelihood_tokens`` names as it runs."""
+        out: list = []
+        for request in tqdm(requests, disable=disable_tqdm, desc=f"kvbench {method.__name__}"):
             self._current = request
-            out.extend(super().loglikelihood_rolling([request], disable_tqdm=True))
+            out.extend(method([request], disable_tqdm=True))
         return out
 
     def _loglikelihood_tokens(
