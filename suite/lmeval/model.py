@@ -10,8 +10,8 @@ the protocol's schedule, with the context protected as the protocol says:
   same schedule while the continuation is scored.
 
 Every request's eviction statistics are kept. ``get_model_info`` returns them, and lm-eval writes that
-into its results' ``config`` (key ``kvbench``). lm-eval's request cache (``--use_cache``) stores nothing
-for this model: its key holds the request, not the policy.
+into its results' ``config`` (key ``kvbench``). lm-eval's request cache (``--use_cache``) is refused, so it
+stores nothing for this model: its key holds the request, not the policy.
 """
 
 from __future__ import annotations
@@ -74,6 +74,15 @@ class KVBenchLM(HFLM):
         self.requests: list[dict[str, Any]] = []
         """One record per request: what it asked and what eviction did while it ran."""
         self._current: Any = None
+
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """lm-eval's CachingLM hooks itself in here; its answers would outlive the policy that gave them."""
+        if cache_hook.dbdict is not None:
+            raise SpecError(
+                "model kvbench: lm-eval's --use_cache would store answers under a key that holds the request "
+                "but not the policy, and give them back to a run of another policy: run without it"
+            )
+        super().set_cache_hook(cache_hook)
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         """Each distinct request once, its repeats decoded as one batch; results in request order."""

@@ -187,3 +187,15 @@ def test_register_keeps_lm_evals_own_models() -> None:
     register()  # twice is harmless
     assert get_model("kvbench") is KVBenchLM
     assert get_model("hf").__name__ == "HFLM"
+
+
+def test_lm_evals_request_cache_is_refused(lm_eval_dir: Path, tmp_path: Path) -> None:
+    """Its key holds the request, not the policy: another policy's run would read this one's answers."""
+    from sqlitedict import SqliteDict
+
+    from kvbench.lmeval.model import KVBenchLM
+
+    model = KVBenchLM(model="tiny-qwen3", policy="full")
+    with pytest.raises(SpecError, match=r"--use_cache"):
+        _evaluate(model, ["kvb_echo"], lm_eval_dir, use_cache=str(tmp_path / "cache"))
+    assert sum(len(SqliteDict(str(db))) for db in tmp_path.glob("cache*.db")) == 0  # nothing stored
