@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.core.seeding import stable_seed
-from kvbench.graders.registry import GraderVerdict
+from kvbench.graders.registry import Grader, GraderVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "choice-1"
@@ -54,7 +54,7 @@ def grade_choice(output: str, answer: str, *, thinking: bool = False) -> GraderV
     return GraderVerdict(letter == answer, letter is None, letter, GRADER_VERSION)
 
 
-class ChoiceTaskGrader:
+class ChoiceTaskGrader(Grader):
     """The ``choice`` grader: the options shuffled per problem (never the dataset's order), the letter
     after the thinking compared with the shuffled correct one."""
 
@@ -71,6 +71,3 @@ class ChoiceTaskGrader:
 
     def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         return grade_choice(output, gold["answer"], thinking=thinking)
-
-    def close(self) -> None:
-        pass

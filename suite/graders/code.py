@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from kvbench.graders.registry import GraderVerdict
+from kvbench.graders.registry import Grader, GraderVerdict
 from kvbench.graders.sandbox import HARNESS, Limits, Sandbox
 from kvbench.graders.thinking import final_answer
 
@@ -113,7 +113,7 @@ def grade_code(
     return GraderVerdict(True, False, None, GRADER_VERSION)
 
 
-class CodeTaskGrader:
+class CodeTaskGrader(Grader):
     """The ``code`` grader: tests from the task's ``tests`` columns (functional problems name their method
     in ``metadata``), the last python block run against each inside the sandbox."""
 
@@ -139,9 +139,6 @@ class CodeTaskGrader:
 
     def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict:
         return grade_code(output, gold["tests"], gold["function"], thinking=thinking)
-
-    def close(self) -> None:
-        pass
 
 
 class _StringsOnly(pickle.Unpickler):

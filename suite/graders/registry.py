@@ -51,7 +51,8 @@ class GraderVerdict:
 
 
 class Grader(Protocol):
-    """What the runner asks of a grader (for the generating tasks; probes score themselves)."""
+    """What the runner asks of a grader (for the generating tasks; probes score themselves). A grader that
+    holds nothing subclasses it for its ``close``."""
 
     def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
         """The user prompt and the gold answer of one dataset row."""
@@ -60,8 +61,8 @@ class Grader(Protocol):
     def grade(self, output: str, gold: dict[str, Any], task: Any, *, thinking: bool) -> GraderVerdict: ...
 
     def close(self) -> None:
-        """Release what grading holds (worker processes)."""
-        ...
+        """Release what grading holds (worker processes); nothing by default."""
+        return None
 
 
 @dataclass(frozen=True)

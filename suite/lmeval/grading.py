@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.graders.registry import GraderVerdict
+from kvbench.graders.registry import Grader, GraderVerdict
 from kvbench.graders.thinking import final_answer
 
 GRADER_VERSION = "lm-eval-1"
 
 
-class LmEvalGrader:
+class LmEvalGrader(Grader):
     """The metric named by the kvbench task, from lm-eval's ``process_results`` on the filtered answer.
 
     A thinking model's output is graded on its text after ``</think>``, as every kvbench grader does; an
@@ -36,6 +36,3 @@ class LmEvalGrader:
             metric=value,
             extra={"lm_eval_metrics": metrics},
         )
-
-    def close(self) -> None:
-        pass
