@@ -46,15 +46,12 @@ def _same_output(got: str, expected: str) -> bool:
     want_lines = [line.strip() for line in expected.strip().splitlines()]
     if got_lines == want_lines:
         return True
-    if len(got_lines) != len(want_lines):
+    try:  # else equal as numbers, token by token (1.0 and 1, 2.50 and 2.5)
+        return [[Decimal(x) for x in a.split()] for a in got_lines] == [
+            [Decimal(x) for x in b.split()] for b in want_lines
+        ]
+    except InvalidOperation:
         return False
-    for a, b in zip(got_lines, want_lines, strict=True):
-        try:
-            if [Decimal(x) for x in a.split()] != [Decimal(x) for x in b.split()]:
-                return False
-        except InvalidOperation:
-            return False
-    return True
 
 
 def _run_test(

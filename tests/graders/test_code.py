@@ -4,7 +4,7 @@ Attacks on the sandbox are in test_sandbox.py."""
 
 from __future__ import annotations
 
-from kvbench.graders.code import CodeTest, Limits, extract_code, grade_code
+from kvbench.graders.code import CodeTest, Limits, _same_output, extract_code, grade_code
 from support import needs_sandbox
 
 LIMITS = Limits(cpu_seconds=2, wall_seconds=5, memory_bytes=512 << 20)
@@ -36,3 +36,12 @@ def test_the_last_block_is_the_answer_and_no_block_is_no_answer() -> None:
     verdict = grade_code("I would add the numbers.", ADD, limits=LIMITS)
     assert verdict.no_answer and not verdict.correct
     assert grade_code("<think>```python\nprint(7)\n```", ADD, thinking=True, limits=LIMITS).no_answer
+
+
+def test_outputs_compare_line_by_line_and_numbers_by_value() -> None:
+    assert _same_output("  1.0 2\n3  \n\n", "1 2.00\n3")
+    assert _same_output("yes\n", "yes")
+    assert not _same_output("1 2\n3", "1 2")  # a missing line
+    assert not _same_output("1.5 x", "1.50 y")  # words compare as text
+    assert not _same_output("1 2", "1 3")
+    assert not _same_output("sNaN", "1")  # a signalling NaN is not a number to compare
