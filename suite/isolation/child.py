@@ -30,7 +30,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _describe(policy: Any, path: str) -> dict[str, Any]:
+def _describe(policy: Any) -> dict[str, Any]:
     import inspect
 
     cls = type(policy)
@@ -61,7 +61,7 @@ def serve(path: str, class_name: str) -> None:
         from kvbench.registry import load_file_policy
 
         policy = load_file_policy(path, class_name).cls(**header.get("params", {}))
-        hello = _describe(policy, path)
+        hello = _describe(policy)
         wire.encode(hello, {})  # a parameter that is not JSON fails here, by name
     except BaseException as exc:
         wire.write(replies, _failure(exc), {})
