@@ -94,7 +94,7 @@ def grade_code(
 ) -> GraderVerdict:
     """The verdict on the last python block; when it fails, its detail and reason say why the first
     failing test failed: ``test N: REASON`` (timeout, output limit, exit N, wrong answer, malformed
-    result)."""
+    result, unreadable test case)."""
     answer = final_answer(output, thinking=thinking)
     code = extract_code(answer) if answer is not None else None
     if code is None:

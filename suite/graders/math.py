@@ -3,7 +3,7 @@
 math-verify's own timeouts use signals, which work only in a process's main thread; and sympy can
 still hang on a pathological expression. So every answer is verified in a worker process of a pool,
 with a wall-clock limit around it: a worker that overruns is killed with its pool and the answer is
-graded wrong (``grader_timeout``), and the next answer gets a fresh pool. Nothing stops the run.
+graded wrong (reason ``grader timeout``), and the next answer gets a fresh pool. Nothing stops the run.
 """
 
 from __future__ import annotations
