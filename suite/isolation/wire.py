@@ -11,6 +11,7 @@ import json
 import struct
 from typing import Any, BinaryIO
 
+from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from torch import Tensor
@@ -38,18 +39,25 @@ def write(stream: BinaryIO, header: dict[str, Any], tensors: dict[str, Tensor]) 
 
 
 def read(stream: Any, max_payload: int) -> Frame:
-    """The next frame; WireError when the stream ends inside it or a length is over its cap."""
+    """The next frame; WireError when the stream ends inside it, a length is over its cap, or its header
+    or payload is not in the format."""
     head_length = _length(stream)
     if head_length > MAX_HEADER:
         raise WireError(f"a header of {head_length} bytes (at most {MAX_HEADER})")
-    header = json.loads(_exactly(stream, head_length))
+    try:
+        header = json.loads(_exactly(stream, head_length))
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"a header that is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise WireError("a header that is not a JSON object")
     payload_length = _length(stream)
     if payload_length > max_payload:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
     payload = _exactly(stream, payload_length)
-    return header, (dict(load_tensors(payload)) if payload else {})
+    try:
+        return header, (dict(load_tensors(payload)) if payload else {})
+    except SafetensorError as exc:
+        raise WireError(f"a payload that is not safetensors ({exc})") from None
 
 
 def _length(stream: Any) -> int:
