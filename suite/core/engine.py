@@ -211,15 +211,14 @@ class Evictor:
         given = [view.keys, view.values, view.positions, view.protected]
         with _scorer_call(where, given + ([queries] if queries is not None else [])):
             scores = self.policy.score(view)
-        self._check(scores, view)
+        self._check(scores, view, where)
         # Ranked in the scores' own dtype (float64 scores that differ only past float32 stay apart). A
         # policy's own +inf (vase-attnv's reserve) ranks just below the protocol's protection.
         highest = torch.finfo(scores.dtype).max
         ranked = scores.nan_to_num(posinf=highest, neginf=float("-inf"))
         return ranked.masked_fill(protected, float("inf"))
 
-    def _check(self, scores: object, view: EvictionView) -> None:
-        where = f"policy {self.policy.name!r} at layer {view.layer}, eviction event {view.event}"
+    def _check(self, scores: object, view: EvictionView, where: str) -> None:
         expected = tuple(view.positions.shape)
         if not isinstance(scores, Tensor):
             raise PolicyOutputError(f"{where} returned {type(scores).__name__}; expected a Tensor {expected}")
