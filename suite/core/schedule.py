@@ -84,7 +84,7 @@ class Schedule:
 
     def due(self, length: int) -> bool:
         """Whether a cache of ``length`` slots evicts now (checked after every step)."""
-        return length > self.budget and (length - self.budget) % self.buffer == 0
+        return length > self.budget and self.on_phase(length)
 
     def protected_prefix(self, prompt_len: int) -> ProtectedPrefix:
         """The protected leading positions for a prompt of ``prompt_len`` tokens."""
@@ -109,7 +109,7 @@ class Schedule:
         """
         if length < self.budget:
             return self.budget + self.buffer - length
-        return self.buffer - (length - self.budget) % self.buffer
+        return self.tokens_until_phase(length)
 
     def on_phase(self, length: int) -> bool:
         """Whether ``length`` is an event moment, (length − K) a multiple of B: where a mixed-precision
