@@ -31,14 +31,9 @@ class RowQuantizer:
         if self.group < 8 or self.group % 8:
             raise ValueError(f"the quantization group must be a multiple of 8 channels, got {self.group}")
 
-    @property
-    def param_bytes(self) -> int:
-        """Bytes of one group's scale plus offset."""
-        return 8 if self.bits == 8 else 4
-
     def row_bytes(self) -> int:
         """Bytes of one packed group: its codes, then its scale and offset."""
-        return self.group * self.bits // 8 + self.param_bytes
+        return self.group * self.bits // 8 + 2 * _param_dtype(self.bits).itemsize
 
     def vector_bytes(self, dim: int) -> int:
         """Bytes of one packed vector of ``dim`` channels."""
@@ -86,27 +81,33 @@ _UNPACK = {
 }
 
 
+def _param_dtype(bits: int) -> torch.dtype:
+    """A group's scale and offset are fp32 at 8 bits and fp16 below, as the prepack ops store them."""
+    return torch.float32 if bits == 8 else torch.float16
+
+
+def _shifts(bits: int, device: torch.device) -> Tensor:
+    """The bit offsets of the 8 / bits codes that share a byte, lowest first."""
+    return torch.arange(8 // bits, device=device, dtype=torch.uint8) * bits
+
+
 def _pack_with_tensor_ops(rows: Tensor, bits: int) -> Tensor:
     """The prepack ops' rows [N, g] -> [N, g·bits/8 + params], for devices those ops do not run on."""
     levels = 2**bits - 1
     low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
-    params = torch.float32 if bits == 8 else torch.float16
+    params = _param_dtype(bits)
     low = low.to(params).float()
     scale = ((high - low) / levels).to(params).float()
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     codes = ((rows - low) / scale).round().clamp(0, levels).to(torch.uint8)
-    per_byte = 8 // bits
-    shifts = torch.arange(per_byte, device=rows.device, dtype=torch.uint8) * bits
-    packed = (codes.view(len(rows), -1, per_byte) << shifts).sum(dim=-1, dtype=torch.uint8)
+    shifts = _shifts(bits, rows.device)
+    packed = (codes.view(len(rows), -1, len(shifts)) << shifts).sum(dim=-1, dtype=torch.uint8)
     tail = torch.cat([scale, low], dim=-1).to(params).contiguous().view(torch.uint8)
     return torch.cat([packed, tail], dim=-1)
 
 
 def _unpack_with_tensor_ops(rows: Tensor, bits: int, group: int) -> Tensor:
-    params = torch.float32 if bits == 8 else torch.float16
-    tail = 8 if bits == 8 else 4
-    code_bytes, scale_low = rows[:, :-tail], rows[:, -tail:].contiguous().view(params).float()
-    per_byte = 8 // bits
-    shifts = torch.arange(per_byte, device=rows.device, dtype=torch.uint8) * bits
-    codes = (code_bytes.unsqueeze(-1) >> shifts) & (2**bits - 1)
+    code_bytes, tail = rows[:, : group * bits // 8], rows[:, group * bits // 8 :]
+    scale_low = tail.contiguous().view(_param_dtype(bits)).float()
+    codes = (code_bytes.unsqueeze(-1) >> _shifts(bits, rows.device)) & (2**bits - 1)
     return codes.reshape(len(rows), group).float() * scale_low[:, :1] + scale_low[:, 1:]
