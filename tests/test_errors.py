@@ -243,3 +243,17 @@ def test_an_unknown_name_lists_the_known_ones_in_plain_english() -> None:
         "unknown policy 'snapk'. Did you mean 'snapkv'? Known policies: random, snapkv."
     )
     assert str(UnknownNameError("suite", "fast", [])).endswith("Known suites: (none).")
+
+
+@pytest.mark.parametrize("doc", [None, "", "   \n  "])
+def test_a_policy_without_a_docstring_is_described_by_its_name(doc: str | None) -> None:
+    # "The class docstring's first line is the policy's one-line description": with no line, its name.
+    undocumented = type("Undocumented", (Policy,), {"__doc__": doc, "__annotations__": {}})
+    assert policy("undocumented")(undocumented).description == "undocumented"
+
+
+def test_a_policy_is_described_by_its_docstrings_first_line() -> None:
+    documented = type(
+        "Documented", (Policy,), {"__doc__": "\n   Keeps the keys.\n\n   More.", "__annotations__": {}}
+    )
+    assert policy("documented")(documented).description == "Keeps the keys."

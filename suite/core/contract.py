@@ -266,7 +266,8 @@ def policy(name: str, *, needs: set[Need] | frozenset[Need] = frozenset()) -> Ca
         cls = cast(P, pydantic.dataclasses.dataclass(frozen=True, config=config)(cls))
         cls.name = name
         cls.needs = frozenset(needs)
-        cls.description = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else name
+        lines = (cls.__doc__ or "").strip().splitlines()
+        cls.description = lines[0] if lines else name
         setattr(cls, "__kvbench_policy__", True)  # noqa: B010  (marks the class itself, not its subclasses)
         return cls
 
