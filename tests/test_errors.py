@@ -178,7 +178,11 @@ def test_float64_scores_are_ranked_in_float64() -> None:
         ({"budget": 16, "buffer": 64}, "K=16 must be larger than the buffer B=64"),
         (
             {"budget": 100, "buffer": 64, "budget_multiple_of_buffer": True},
-            "not a multiple of the buffer B=64.*use 64 or 128",
+            "not a multiple of the buffer B=64.*use 128$",  # not 64: K must be larger than B
+        ),
+        (
+            {"budget": 200, "buffer": 64, "budget_multiple_of_buffer": True},
+            "not a multiple of the buffer B=64.*use 192 or 256$",
         ),
         ({"budget": 100, "buffer": 0}, "buffer must be at least 1"),
         ({"budget": 100, "buffer": 8, "protection": "everything"}, "protection must be"),

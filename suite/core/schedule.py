@@ -59,9 +59,10 @@ class Schedule:
             )
         if self.budget_multiple_of_buffer and self.budget % self.buffer:
             lower = self.budget // self.buffer * self.buffer
+            valid = " or ".join(str(k) for k in (lower, lower + self.buffer) if k > self.buffer)
             raise BudgetError(
                 f"budget K={self.budget} is not a multiple of the buffer B={self.buffer}, "
-                f"which this protocol requires; use {lower or self.buffer} or {lower + self.buffer}"
+                f"which this protocol requires; use {valid}"
             )
         if self.protection not in ("prompt", "sinks", "none"):
             raise BudgetError(f"protection must be 'prompt', 'sinks' or 'none', got {self.protection!r}")
