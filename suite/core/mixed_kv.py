@@ -14,6 +14,8 @@ any head can keep), so both stores stay rectangular.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -99,13 +101,7 @@ class MixedLayerKV:
         quantized_slots = _in_position_order(_masked(candidates, ~keep_high), positions)
         high_slots = _in_position_order(_masked(candidates, keep_high), positions)
 
-        new = MixedLayerKV.__new__(MixedLayerKV)
-        new.precision, new.buffer, new.quantizer, new.dtype = (
-            self.precision,
-            self.buffer,
-            self.quantizer,
-            self.dtype,
-        )
+        new = copy.copy(self)  # precision, buffer, quantizer and dtype carry over; the stores are new
         new.full = self.full.compacted(
             torch.cat([high_slots, kept_buffer], dim=-1) - self.quantized, headroom
         )
