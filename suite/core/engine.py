@@ -149,21 +149,20 @@ class Evictor:
         *,
         step: int,
         queries: Sequence[Tensor | None] | None = None,
-        layer_ids: Sequence[int] | None = None,
     ) -> list[Slots]:
-        """Run one eviction event on every layer in ``layers``; return the compacted layers.
+        """Run one eviction event on every layer of the model, ``layers`` in layer order; return the
+        compacted layers.
 
         ``queries[i]`` is layer i's window of recent post-RoPE queries [B, Hq, W, D] (or None when the
-        policy does not need them). ``layer_ids`` names the layers when ``layers`` is not all of them.
+        policy does not need them).
         """
         started = time.perf_counter()
-        layer_ids = list(layer_ids) if layer_ids is not None else list(range(len(layers)))
         if "queries" in self.policy.needs and (queries is None or any(q is None for q in queries)):
             raise CapabilityError(f"policy {self.policy.name!r} needs recent queries; the backend gave none")
         event = self.stats.events
         scores = [
-            self._layer_scores(kv, layer, event, step, queries[i] if queries is not None else None)
-            for i, (kv, layer) in enumerate(zip(layers, layer_ids, strict=True))
+            self._layer_scores(kv, layer, event, step, queries[layer] if queries is not None else None)
+            for layer, kv in enumerate(layers)
         ]
         if self.policy.layer_reduce == "mean":
             shared = torch.stack(scores).mean(dim=0)
