@@ -204,6 +204,16 @@ def test_long_prompt_protection_is_capped_and_reported() -> None:
     assert not schedule.protected_prefix(95).capped
 
 
+def test_only_a_capped_prompt_is_refused_not_capped_sinks() -> None:
+    # refuse_capped is about "protecting the whole prompt": four sinks capped at K − B − 1 = 3 are reported
+    # (protected_prefix), and a run that refuses capped prompts has no prompt protection to refuse.
+    sinks = Schedule(budget=8, buffer=4, protection="sinks", sinks=4)
+    assert sinks.protected_prefix(100).capped
+    sinks.refuse_capped(100)
+    with pytest.raises(BudgetError, match="protect 3 prompt tokens, but the prompt has 100"):
+        Schedule(budget=8, buffer=4).refuse_capped(100)
+
+
 def test_missing_queries_are_refused() -> None:
     model = synthetic_model(layers=1)
     evictor = Evictor(

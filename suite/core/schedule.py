@@ -95,7 +95,7 @@ class Schedule:
     def refuse_capped(self, prompt_len: int) -> None:
         """Raise when protecting the whole prompt does not fit K − B − 1 slots (runs that protect it)."""
         protected = self.protected_prefix(prompt_len)
-        if protected.capped:
+        if self.protection == "prompt" and protected.capped:
             raise BudgetError(
                 f"the budget K={self.budget} with buffer B={self.buffer} leaves room to protect "
                 f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "
