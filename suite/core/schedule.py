@@ -78,11 +78,6 @@ class Schedule:
         """Candidates kept per KV head at each event: K − B."""
         return self.budget - self.buffer
 
-    @property
-    def protection_cap(self) -> int:
-        """At most K − B − 1 protected slots, so that the policy always chooses at least one."""
-        return self.keep - 1
-
     def due(self, length: int) -> bool:
         """Whether a cache of ``length`` slots evicts now (checked after every step)."""
         return length > self.budget and self.on_phase(length)
@@ -90,7 +85,8 @@ class Schedule:
     def protected_prefix(self, prompt_len: int) -> ProtectedPrefix:
         """The protected leading positions for a prompt of ``prompt_len`` tokens."""
         requested = {"prompt": prompt_len, "sinks": self.sinks, "none": 0}[self.protection]
-        return ProtectedPrefix(requested=requested, count=min(requested, self.protection_cap))
+        # capped at K − B − 1, so that the policy always chooses at least one slot
+        return ProtectedPrefix(requested=requested, count=min(requested, self.keep - 1))
 
     def refuse_capped(self, prompt_len: int) -> None:
         """Raise when protecting the whole prompt does not fit K − B − 1 slots (runs that protect it)."""
