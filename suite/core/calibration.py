@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -72,8 +73,6 @@ class QueryStats:
                 f"no calibration statistics at {path}: "
                 f"run `kvbench calibrate --model {model or 'MODEL'}` first"
             )
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as handle:
             meta = handle.metadata() or {}
         if model is not None and meta.get("model") != model:
