@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast
+from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast, get_args
 
 import pydantic
 import torch
@@ -25,7 +25,7 @@ Need = Literal["queries", "step_attention", "rope", "calibration"]
 - ``rope``: the model's RoPE frequencies (``view.model.rope_inv_freq``) to un-rotate keys.
 - ``calibration``: per-model statistics made by ``kvbench calibrate``.
 """
-NEEDS: tuple[Need, ...] = ("queries", "step_attention", "rope", "calibration")
+NEEDS: tuple[Need, ...] = get_args(Need)
 
 
 @dataclass(frozen=True)
