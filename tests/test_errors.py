@@ -186,6 +186,11 @@ def test_float64_scores_are_ranked_in_float64() -> None:
         ),
         ({"budget": 100, "buffer": 0}, "buffer must be at least 1"),
         ({"budget": 100, "buffer": 8, "protection": "everything"}, "protection must be"),
+        ({"budget": 100, "buffer": 8, "order": "x"}, "^order must be 'chronological' or 'score', got 'x'$"),
+        (
+            {"budget": 100, "buffer": 8, "protection": "all"},
+            "^protection must be 'prompt', 'sinks' or 'none', got 'all'$",
+        ),
     ],
 )
 def test_bad_budgets_are_refused_with_the_reason(kwargs: dict, message: str) -> None:

@@ -19,12 +19,20 @@ policies and are not counted as cache bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from kvbench.core.quantize import RowQuantizer
 from kvbench.errors import BudgetError
 
 Demotion = Literal["oldest", "smallest-range"]
+
+
+def refuse_unknown(field: str, value: object, choices: Any) -> None:
+    """Raise BudgetError unless ``value`` is one of the ``Literal`` ``choices``, naming them in order."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        named = [repr(choice) for choice in allowed]
+        raise BudgetError(f"{field} must be {', '.join(named[:-1])} or {named[-1]}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,7 @@ class MixedPrecision:
         RowQuantizer(self.bits, self.group)  # validates bits and group
         if self.high_precision < 0:
             raise BudgetError(f"high_precision must be >= 0 tokens, got {self.high_precision}")
-        if self.demote not in ("oldest", "smallest-range"):
-            raise BudgetError(f"demote must be 'oldest' or 'smallest-range', got {self.demote!r}")
+        refuse_unknown("demote", self.demote, Demotion)
 
     @property
     def quantizer(self) -> RowQuantizer:

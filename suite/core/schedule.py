@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from kvbench.core.precision import MixedPrecision, TokenCost, tokens_for_bytes
+from kvbench.core.precision import MixedPrecision, TokenCost, refuse_unknown, tokens_for_bytes
 from kvbench.errors import BudgetError
 
 Protection = Literal["prompt", "sinks", "none"]
 Order = Literal["chronological", "score"]
+BudgetUnit = Literal["tokens", "bytes"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Schedule:
     budget_multiple_of_buffer: bool = False
     """Refuse a budget that is not a multiple of the buffer (protocols with a ratio rule ask this)."""
     precision: MixedPrecision | None = None
-    budget_unit: Literal["tokens", "bytes"] = "tokens"
+    budget_unit: BudgetUnit = "tokens"
 
     def __post_init__(self) -> None:
         if self.buffer < 1:
@@ -64,14 +65,11 @@ class Schedule:
                 f"budget K={self.budget} is not a multiple of the buffer B={self.buffer}, "
                 f"which this protocol requires; use {valid}"
             )
-        if self.protection not in ("prompt", "sinks", "none"):
-            raise BudgetError(f"protection must be 'prompt', 'sinks' or 'none', got {self.protection!r}")
-        if self.order not in ("chronological", "score"):
-            raise BudgetError(f"order must be 'chronological' or 'score', got {self.order!r}")
+        refuse_unknown("protection", self.protection, Protection)
+        refuse_unknown("order", self.order, Order)
         if self.protection == "sinks" and self.sinks < 0:
             raise BudgetError(f"sinks must be >= 0, got {self.sinks}")
-        if self.budget_unit not in ("tokens", "bytes"):
-            raise BudgetError(f"budget_unit must be 'tokens' or 'bytes', got {self.budget_unit!r}")
+        refuse_unknown("budget_unit", self.budget_unit, BudgetUnit)
 
     @property
     def keep(self) -> int:
