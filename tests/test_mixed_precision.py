@@ -46,6 +46,16 @@ def test_tensor_ops_write_the_same_bytes_as_torchs_row_wise_ops(bits: int) -> No
     )
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_tensor_ops_write_the_same_bytes_for_flat_and_narrow_groups(bits: int) -> None:
+    # A constant group (range 0) and a group whose range is near float32's resolution: the 8-bit op keeps a
+    # zero scale and divides by range + 1e-8, which a division by the scale does not reproduce.
+    narrow = 1e-6 * torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([torch.full((1, 64), 1.5), torch.zeros(1, 64), narrow])
+    quantizer = RowQuantizer(bits, 32)
+    assert torch.equal(quantizer.pack(x), quantizer.pack(x, tensor_ops=True))
+
+
 def test_a_group_that_does_not_divide_the_head_dimension_is_refused() -> None:
     with pytest.raises(ValueError, match="does not divide the head dimension 48"):
         RowQuantizer(4, 32).pack(torch.zeros(1, 48))

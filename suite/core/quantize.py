@@ -98,8 +98,12 @@ def _pack_with_tensor_ops(rows: Tensor, bits: int) -> Tensor:
     params = _param_dtype(bits)
     low = low.to(params).float()
     scale = ((high - low) / levels).to(params).float()
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    codes = ((rows - low) / scale).round().clamp(0, levels).to(torch.uint8)
+    if bits == 8:  # the byte op stores a flat group's zero scale and steps by levels / (range + 1e-8)
+        codes = (rows - low) * (levels / (high - low + 1e-8))
+    else:  # the n-bit ops store a zero scale as 1 and divide by it
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        codes = (rows - low) / scale
+    codes = codes.round().clamp(0, levels).to(torch.uint8)
     shifts = _shifts(bits, rows.device)
     packed = (codes.view(len(rows), -1, len(shifts)) << shifts).sum(dim=-1, dtype=torch.uint8)
     tail = torch.cat([scale, low], dim=-1).to(params).contiguous().view(torch.uint8)
