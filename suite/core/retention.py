@@ -108,8 +108,7 @@ class RetentionLog:
             return None
         if self._summary is None:
             self._summary = summarize(torch.stack(self._kept), self.steps[-1], self.prompt_len, self.buffer)
-        any_, all_, coverage, by_age = (t[index].tolist() for t in self._summary)
-        return Retention(any_, all_, coverage, by_age)
+        return Retention(*(t[index].tolist() for t in self._summary))  # summarize returns the fields in order
 
     def events_between(self, after: int, until: int) -> int:
         """Events at which position ``after`` was a candidate (out of the buffer) and which a token at
