@@ -67,8 +67,8 @@ class Replica:
 
     def prepare(self, cells: Sequence[Cell]) -> dict[str, list[str]]:
         """Each cell's problem ids by run id (cells of one task may differ in limit or data), after refusing,
-        before anything runs, a cell whose budget cannot protect its prompts (a pending budget is checked
-        once settled)."""
+        before anything runs, a cell whose budget cannot protect the prompts its protocol protects (a
+        pending budget is checked once settled)."""
         problems = {c.run_id: list(self._problems(c).values()) for c in cells}
         for cell in cells:
             if cell.pending is not None or not cell.policy.evicts:
@@ -76,7 +76,9 @@ class Replica:
             schedule = cell.schedule()
             longest = max(len(p.encoded(self.backend)) for p in problems[cell.run_id])
             prefix = schedule.protected_prefix(longest)
-            if prefix.capped:
+            if (
+                schedule.protection == "prompt" and prefix.capped
+            ):  # capped sinks are reported, as decoding does
                 raise BudgetError(
                     f"{cell.label}: the budget K={schedule.budget} with buffer B={schedule.buffer} leaves "
                     f"room to protect {prefix.count} prompt tokens, but task {cell.task.name!r} has prompts "

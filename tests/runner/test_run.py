@@ -162,3 +162,12 @@ def test_a_budget_that_cannot_protect_the_prompt_writes_nothing(tmp_path: Path) 
     assert result.returncode == 2
     assert "leaves room to protect 15 prompt tokens, but task 'passkey' has prompts of" in result.stderr
     assert not (tmp_path / "runs" / "shards").exists() or not list((tmp_path / "runs").rglob("*.parquet"))
+
+
+def test_a_protocol_that_protects_sinks_is_not_refused_for_the_length_of_its_prompts(tmp_path: Path) -> None:
+    """sink-only protects 4 tokens, not the prompt: K = 66 (room for one) caps the sinks, as decoding
+    does, and says nothing of the prompt's length."""
+    args = ("--protocol", "sink-only", "--budget", "66", "--limit", "1", "--no-baselines")
+    result = kvbench("run", *TINY, "--policy", "snapkv", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "prompt" not in result.stderr
