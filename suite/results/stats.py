@@ -241,7 +241,7 @@ def problems_needed(
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if enough(middle) else (middle, high)
-    return high
+    return high if high <= MAX_PROBLEMS else None  # the last doubling overshoots the cap
 
 
 def holm(p_values: list[float]) -> list[float]:

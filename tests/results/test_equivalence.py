@@ -204,3 +204,12 @@ def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
     )
     covered = sum(j.difference.low <= 0 <= j.difference.high for j in judged) / 30
     assert result.covered == covered and covered < 1  # the all-wins cell's interval misses 0
+
+
+def test_a_margin_that_needs_more_than_max_problems_is_out_of_reach() -> None:
+    """MAX_PROBLEMS promises None beyond it; the doubling search once overshot to 2^20 and bisected there,
+    returning a figure above the cap (1,031,002 problems for a margin of 0.00276 at discordance 1)."""
+    from kvbench.results.stats import MAX_PROBLEMS
+
+    assert problems_needed(1.0, 0.00285) <= MAX_PROBLEMS  # just under the cap: still a figure
+    assert problems_needed(1.0, 0.00276) is None
