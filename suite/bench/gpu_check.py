@@ -164,10 +164,10 @@ def parity_section(device: str, shapes: Shapes, reference: str = "cpu") -> dict[
         base, draws = kept_trace(
             on_reference, tokens, shapes.parity_prompt, name, schedule, seeds, calibration
         )
-        against = compare_traces(base, trace(on_device, seeds))
+        first = trace(on_device, seeds)
+        against = compare_traces(base, first)
         row: dict[str, Any] = {"policy": name, "draws": draws, **asdict(against), "equal": against.equal}
         if draws:  # its own device's generators: the seed, not the device, must decide what it keeps
-            first = trace(on_device, seeds)
             again = compare_traces(first, trace(on_device, seeds)).equal
             differs = not compare_traces(first, trace(on_device, others)).equal
             alone = trace(on_device, seeds[:1])
