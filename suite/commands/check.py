@@ -173,16 +173,15 @@ def code_hash(cell: Cell) -> str:
 def collect(cells: list[Cell], database: Path) -> list[CellResult]:
     """Every cell's result from the database; a cell without samples is an error (it did not run). Here,
     beside the runner's cells, so that results never import the runner."""
-    import duckdb
-
     from kvbench.errors import PrerequisiteError
     from kvbench.results.check import CellResult, outputs_digest
     from kvbench.results.pairing import partners
     from kvbench.results.stats import bootstrap_mean
     from kvbench.results.summary import summarize
     from kvbench.specs.resolved import Role
+    from kvbench.store.ingest import reading
 
-    with duckdb.connect(str(database), read_only=True) as con:
+    with reading(database) as con:
         summaries = summarize(con, [c.run_id for c in cells])
         results = []
         for cell in cells:
