@@ -110,6 +110,18 @@ def test_bench_evict_times_the_retention_telemetry_on_and_off(tmp_path: Path) ->
     assert row["telemetry_ratio"] > 0 and "telemetry on / off" in result.stdout
 
 
+def test_bench_evict_records_the_machine_of_the_device_it_timed_on(tmp_path: Path) -> None:
+    """--json writes "the machine" that ran: with --device (here cpu:0, the form a cuda:N takes) its
+    description names that device, as `kvbench bench decode`'s does, not the default cpu."""
+    out = tmp_path / "bench.json"
+    result = kvbench(
+        *("bench", "evict", "--policy", "random", "--batch", "1", "--budget", "64", "--buffer", "16"),
+        *("--min-time", "0.01", "--device", "cpu:0", "--json", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["machine"]["device"] == "cpu:0"
+
+
 @pytest.mark.parametrize("args", [["list", "widgets"], ["nonsense"]])
 def test_bad_arguments_exit_non_zero_with_usage(args: list[str]) -> None:
     result = kvbench(*args)

@@ -171,7 +171,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
             str(r.runs),
             *cost,
         )
-    machine = describe_machine()
+    machine = describe_machine(args.device)
     console.print(table)
     console.print(_machine_line(machine))
     _save(args.json, machine, results)
