@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -105,16 +106,22 @@ def bench_sandbox_command(args: argparse.Namespace) -> int:
     for row in rows:
         ratio = row.median_ms / rows[0].median_ms
         table.add_row(row.arm, str(row.runs), f"{row.median_ms:.1f}", f"{row.p90_ms:.1f}", f"{ratio:.2f}")
-    console.print(table)
-    console.print(_machine_line(describe_machine()))
+    _report(table, describe_machine())
     return 0
 
 
-def _machine_line(machine: dict) -> str:
-    return (
+def _report(table: Table, machine: dict, rows: Sequence = (), json_path: str | None = None) -> None:
+    """The table and the machine it was measured on; with --json, the machine and the rows written there."""
+    from kvbench.store.atomic import atomic_write
+
+    console.print(table)
+    console.print(
         f"machine: {machine['cpu']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
         f"({machine['torch_threads']} threads)"
     )
+    if json_path:
+        text = json.dumps({"machine": machine, "results": [asdict(r) for r in rows]}, indent=2)
+        atomic_write(Path(json_path), lambda temp: temp.write_text(text))
 
 
 def _outputs(args: argparse.Namespace) -> None:
@@ -123,14 +130,6 @@ def _outputs(args: argparse.Namespace) -> None:
         output_file(Path(args.json), "--json")
     if getattr(args, "out", None):
         output_folder(args.out, "--out")
-
-
-def _save(path: str | None, machine: dict, rows: list) -> None:
-    from kvbench.store.atomic import atomic_write
-
-    if path:
-        text = json.dumps({"machine": machine, "results": [asdict(r) for r in rows]}, indent=2)
-        atomic_write(Path(path), lambda temp: temp.write_text(text))
 
 
 def bench_evict_command(args: argparse.Namespace) -> int:
@@ -171,10 +170,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
             str(r.runs),
             *cost,
         )
-    machine = describe_machine(args.device)
-    console.print(table)
-    console.print(_machine_line(machine))
-    _save(args.json, machine, results)
+    _report(table, describe_machine(args.device), results, args.json)
     return 0
 
 
@@ -241,9 +237,7 @@ def bench_decode_command(args: argparse.Namespace) -> int:
             mib(r.kv_bytes_freed_per_sequence),
         )
     machine = describe_machine(args.device)
-    console.print(table)
-    console.print(_machine_line(machine))
-    _save(args.json, machine, results)
+    _report(table, machine, results, args.json)
     if args.out:
         settings = {
             "model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer,
@@ -297,9 +291,7 @@ def bench_serve_command(args: argparse.Namespace) -> int:
             f"{r.eviction_share:.1%}",
         )
     machine = {**describe_machine(), "adapter": "vllm"}
-    console.print(table)
-    console.print(_machine_line(machine))
-    _save(args.json, machine, results)
+    _report(table, machine, results, args.json)
     if args.out:
         settings = {
             "model": args.model, "adapter": "vllm", "budget": args.budget, "buffer": args.buffer,
@@ -330,6 +322,5 @@ def bench_leaderboard_command(args: argparse.Namespace) -> int:
                 f"{timing.first_render_seconds:.2f}",
                 f"{timing.cached_render_seconds:.2f}",
             )
-    console.print(table)
-    console.print(_machine_line(describe_machine()))
+    _report(table, describe_machine())
     return 0
