@@ -31,11 +31,11 @@ class Filters:
     budget: int | None = None
     against: str = "random"
     pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Declared task groups, (name, tasks): each also compared pooled, when every task has the arms."""
     seed: int | None = None
     """Only runs under this protocol seed (``kvbench run``'s own tables)."""
     quantity: str = "score"
     """What arms are ranked and paired by: a name in kvbench.results.summary.QUANTITIES."""
-    """Declared task groups, (name, tasks): each also compared pooled, when every task has the arms."""
 
 
 COLUMNS = (
