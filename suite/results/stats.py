@@ -273,7 +273,7 @@ def verdicts(comparisons: list[PairedComparison], alpha: float = ALPHA) -> list[
     return out
 
 
-def resolvable_difference(problems: int, alpha: float = 0.05, power: float = 0.8) -> float:
+def resolvable_difference(problems: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest win-rate excess over 1/2 a sign test on ``problems`` untied problems detects at ``power``.
 
     A power note for the tables: with 30 AIME problems, effects below this are not resolvable.
