@@ -129,7 +129,6 @@ def bench_evict(
     )
     on_device = torch.Generator(device=where).manual_seed(0)
     bandwidth = copy_bandwidth(where, bandwidth_bytes)
-    element = torch.empty((), dtype=dtype).element_size()
     results: list[EvictTiming] = []
     for batch in batches:
         layer = _layer(batch, model, budget + buffer, dtype, on_device, where)
@@ -140,7 +139,7 @@ def bench_evict(
             inv_freq.to(where),
         ).to(dtype)
         # the K kept slots' keys and values (and int64 positions), read once and written once, per layer
-        moved = 2 * layers * batch * kv_heads * budget * (2 * head_dim * element + 8)
+        moved = 2 * layers * batch * kv_heads * budget * (2 * head_dim * dtype.itemsize + 8)
         times: dict[str, tuple[float, int]] = {}
         without: dict[str, float] = {}
         for name, policy in arms:

@@ -296,8 +296,7 @@ def decode_section(device: str, shapes: Shapes, attention: str, iso_memory: bool
 def kv_bytes_per_sequence(facts: Any, dtype: torch.dtype, shapes: Shapes) -> dict[str, int]:
     """Peak KV bytes one sequence needs: the whole prompt and output for the full cache; for an evicting
     one twice K + B slots (an event holds the old and the compacted layers at once)."""
-    element = torch.empty((), dtype=dtype).element_size()
-    per_token = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * element
+    per_token = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * dtype.itemsize
     held = max(shapes.decode_budget, shapes.decode_prompt) + shapes.decode_buffer
     return {
         "full": (shapes.decode_prompt + shapes.decode_tokens) * per_token,

@@ -70,7 +70,7 @@ def bench_serve(
     facts = loaded.facts
     import torch
 
-    element = torch.empty((), dtype=getattr(torch, loaded.spec.dtype)).element_size()
+    element = getattr(torch, loaded.spec.dtype).itemsize
     block_bytes = BLOCK_SIZE * 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * element
     prompt = loaded.prompt_ids(PROMPT)
     schedule = Schedule(budget=budget, buffer=buffer)
