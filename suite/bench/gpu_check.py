@@ -157,20 +157,17 @@ def parity_section(device: str, shapes: Shapes, reference: str = "cpu") -> dict[
         if not cls.evicts:
             continue
 
-        def trace(loaded: Any, row_seeds: tuple[int, ...], name: str = name) -> Any:
-            kept, _ = kept_trace(loaded, tokens, shapes.parity_prompt, name, schedule, row_seeds, calibration)
-            return kept
+        def trace(loaded: Any, row_seeds: tuple[int, ...], name: str = name) -> tuple[Any, bool]:
+            return kept_trace(loaded, tokens, shapes.parity_prompt, name, schedule, row_seeds, calibration)
 
-        base, draws = kept_trace(
-            on_reference, tokens, shapes.parity_prompt, name, schedule, seeds, calibration
-        )
-        first = trace(on_device, seeds)
+        base, draws = trace(on_reference, seeds)
+        first, _ = trace(on_device, seeds)
         against = compare_traces(base, first)
         row: dict[str, Any] = {"policy": name, "draws": draws, **asdict(against), "equal": against.equal}
         if draws:  # its own device's generators: the seed, not the device, must decide what it keeps
-            again = compare_traces(first, trace(on_device, seeds)).equal
-            differs = not compare_traces(first, trace(on_device, others)).equal
-            alone = trace(on_device, seeds[:1])
+            again = compare_traces(first, trace(on_device, seeds)[0]).equal
+            differs = not compare_traces(first, trace(on_device, others)[0]).equal
+            alone, _ = trace(on_device, seeds[:1])
             row_alone = compare_traces([t[:, :1] for t in first], alone).equal
             row |= {
                 "same_seed_same_kept": again,
