@@ -164,10 +164,9 @@ def _rate(parts: Sequence[CellSummary], field: str) -> float:
 
 
 def _tokens_per_correct(parts: Sequence[CellSummary]) -> float:
-    correct = [p.correct for p in parts]
-    if any(c is None for c in correct) or not sum(c or 0 for c in correct):
+    if any(p.correct is None for p in parts) or not (correct := sum(p.correct or 0 for p in parts)):
         return math.nan
-    return sum(p.mean_generated_tokens * p.samples for p in parts) / sum(c or 0 for c in correct)
+    return sum(p.mean_generated_tokens * p.samples for p in parts) / correct
 
 
 def _ratio_of_means(arm: Mapping[Any, float], other: Mapping[Any, float]) -> float:
