@@ -177,6 +177,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
 def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "decode") -> Path:
     """One JSON file per benchmark under OUT/bench/, then ingested into OUT's database."""
     import time
+    import uuid
 
     from kvbench.store.atomic import atomic_write
     from kvbench.store.ingest import ingest
@@ -184,7 +185,8 @@ def _record(out: Path, settings: dict, machine: dict, rows: list, kind: str = "d
     folder = out / "bench"
     created = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(created))
-    path = folder / f"{kind}-{settings['model']}-{stamp}.json"
+    # the random part: two benchmarks finishing in the same second (two GPUs) keep both records
+    path = folder / f"{kind}-{settings['model']}-{stamp}-{uuid.uuid4().hex[:8]}.json"
     record = {
         "created": created,
         "settings": settings,
