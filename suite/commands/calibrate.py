@@ -56,7 +56,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     completed = run_cells(cells, args.out, progress=not args.quiet)
     tally = aa_comparisons(completed.cells, ingest(args.out).snapshot)
     result = calibration([c for _, c in tally])
-    print_calibration(result, len(tally))
+    print_calibration(result)
     if args.json:
         document = {
             "calibration": asdict(result),
@@ -111,8 +111,8 @@ def aa_comparisons(cells: list[Cell], database: Path) -> list[tuple[str, PairedC
     return out
 
 
-def print_calibration(result, pairs: int) -> None:
-    table = Table(title=f"A/A calibration: the null against itself, {pairs} pairs of seeds")
+def print_calibration(result) -> None:
+    table = Table(title=f"A/A calibration: the null against itself, {result.comparisons} pairs of seeds")
     for column in ("verdict", "count", "share"):
         table.add_column(column)
     for verdict, count in result.verdicts.items():
