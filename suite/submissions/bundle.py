@@ -26,10 +26,10 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 import pydantic
 
+from kvbench.specs.resolved import Role
 from kvbench.store.atomic import atomic_write
 
 FORMAT = "kvbench-bundle"
@@ -65,7 +65,7 @@ class BundleCell(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     run_id: str
-    role: Literal["policy", "null", "reference"]
+    role: Role
     label: str | None
     output_digest: str
     samples: int
