@@ -24,8 +24,12 @@ from kvbench.graders.registry import Grader, GraderVerdict
 from kvbench.graders.sandbox import HARNESS, Limits, Sandbox
 from kvbench.graders.thinking import final_answer
 
-GRADER_VERSION = "code-2"
-_BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
+GRADER_VERSION = "code-3"
+_BLOCK = re.compile(r"```([^\n`]*)\n(.*?)```", re.S)
+"""A fenced block: its info string (language) and its text. Every block is matched, so that fences pair
+up as written, and the answer is the last one that names python or no language: a block of the program's
+output or a shell line after it is not the program (code-2 took the last block of any language)."""
+_PYTHON = {"", "python", "python3", "py"}
 DEFAULT_LIMITS = Limits()
 
 
@@ -37,7 +41,7 @@ class CodeTest:
 
 
 def extract_code(text: str) -> str | None:
-    blocks = _BLOCK.findall(text)
+    blocks = [code for language, code in _BLOCK.findall(text) if language.strip().lower() in _PYTHON]
     return blocks[-1] if blocks else None
 
 

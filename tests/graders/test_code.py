@@ -33,6 +33,12 @@ def test_functional_problems_call_the_solution_method() -> None:
 
 def test_the_last_block_is_the_answer_and_no_block_is_no_answer() -> None:
     assert extract_code("```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```") == "print(2)\n"
+    # the last *python* block: a block of its output or a shell line after it is not the program
+    assert extract_code("```Python\nprint(1)\n```\nwhich prints:\n```text\n1\n```") == "print(1)\n"
+    assert extract_code("```py\nprint(1)\n```\nrun it with:\n```bash\npython a.py\n```") == "print(1)\n"
+    assert extract_code("```\nprint(3)\n```") == "print(3)\n"  # a block that names no language
+    two_after = "```python\nprint(1)\n```\n```text\n1\n```\nthen\n```text\n1\n```"
+    assert extract_code(two_after) == "print(1)\n"  # a skipped block's closing fence opens nothing
     verdict = grade_code("I would add the numbers.", ADD, limits=LIMITS)
     assert verdict.no_answer and not verdict.correct
     assert grade_code("<think>```python\nprint(7)\n```", ADD, thinking=True, limits=LIMITS).no_answer
