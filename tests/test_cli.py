@@ -248,10 +248,18 @@ def test_json_into_a_missing_folder_is_made_before_the_run(small_results: Path, 
     }
 
 
-def test_json_where_no_folder_can_be_made_fails_before_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("run", "--policy", "streaming", *TINY_RUN),
+        ("calibrate-null", "--model", "tiny-qwen3", "--limit", "1", "--pairs", "1", "--out", "runs"),
+    ],
+    ids=["run", "calibrate-null"],
+)
+def test_json_where_no_folder_can_be_made_fails_before_the_run(tmp_path: Path, command: tuple) -> None:
     (tmp_path / "taken").write_text("a file, not a folder")
     started = time.perf_counter()
-    done = kvbench("run", "--policy", "streaming", *TINY_RUN, "--json", "taken/run.json", cwd=tmp_path)
+    done = kvbench(*command, "--json", "taken/run.json", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith("kvbench: --json taken/run.json: cannot write in taken"), done.stderr
     assert "give a path you can write to" in done.stderr

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from kvbench.commands.common import console, output_folder
+from kvbench.commands.common import console, output_file, output_folder
 
 if TYPE_CHECKING:
     from kvbench.results.stats import PairedComparison
@@ -47,11 +47,14 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from kvbench.errors import SpecError
     from kvbench.results.stats import calibration
     from kvbench.runner.orchestrate import run_cells
+    from kvbench.store.atomic import atomic_write
     from kvbench.store.ingest import ingest
 
     if args.pairs < 1:
         raise SpecError(f"--pairs {args.pairs}: give at least 1 pair of seeds")
     output_folder(args.out, "--out")
+    if args.json:
+        output_file(args.json, "--json")  # before the runs, not after them
     cells = replicate_cells(args)
     completed = run_cells(cells, args.out, progress=not args.quiet)
     tally = aa_comparisons(completed.cells, ingest(args.out).snapshot)
@@ -62,7 +65,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
             "calibration": asdict(result),
             "comparisons": [{"cell": label, **asdict(c)} for label, c in tally],
         }
-        args.json.write_text(json.dumps(document, indent=1, default=str) + "\n")
+        text = json.dumps(document, indent=1, default=str) + "\n"
+        atomic_write(args.json, lambda temp: temp.write_text(text))
     return 0
 
 
