@@ -225,7 +225,7 @@ def leaderboard(
     ]
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
-        if arm.policy in mismatched:
+        if (arm.policy, arm.params) in mismatched:
             record["problems × samples"] += " ≠ null"
     frame = pd.DataFrame.from_records(records)
     keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
@@ -236,9 +236,12 @@ def leaderboard(
     return Table(frame, tasks, common, run_ids, keys, kinds, metrics, list(mismatched.values()))
 
 
-def _mismatches(arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]) -> dict[str, str]:
-    """Arms (policy -> a sentence) that scored other problems than the null on this table's tasks: their
-    cells average their own problems, while Δ vs null, W/T/L and the verdict pair the shared ones."""
+def _mismatches(
+    arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]
+) -> dict[tuple[str, str], str]:
+    """Arms ((policy, params) -> a sentence) that scored other problems than the null on this table's
+    tasks: their cells average their own problems, while Δ vs null, W/T/L and the verdict pair the shared
+    ones. A policy with several settings in the table is named with its parameters."""
 
     def problems(arm: ArmResult) -> set[tuple[str, str]]:
         return {(t, p) for t in tasks if t in arm.runs for p in summaries[arm.runs[t].run_id].scores}
@@ -251,8 +254,10 @@ def _mismatches(arms: list[ArmResult], tasks: list[str], summaries: dict[str, Ce
     for arm in arms:
         held = problems(arm)
         if arm.role != Role.NULL and held != expected:
-            found[arm.policy] = (
-                f"{arm.policy} scored {len(held)} problems and the null {len(expected)}: its cells average "
+            settings = {a.params for a in arms if a.policy == arm.policy}
+            name = arm.policy if len(settings) == 1 else setting_label(arm.policy, arm.params)
+            found[(arm.policy, arm.params)] = (
+                f"{name} scored {len(held)} problems and the null {len(expected)}: its cells average "
                 f"its own, while Δ vs null, W/T/L and the verdict pair the {len(held & expected)} both ran"
             )
     return found
