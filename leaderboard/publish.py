@@ -32,6 +32,11 @@ _SELECT = {
     ),
     "bench": f"SELECT * REPLACE ({_without_platform('machine')} AS machine) FROM src.bench",
     "submissions": "SELECT * REPLACE (NULL::VARCHAR AS accepted_by) FROM src.submissions",
+    # a value analysis stores its provenance as JSON text, the machine record under "hardware"
+    "value_analysis": (
+        "SELECT * REPLACE (CASE WHEN provenance IS NULL THEN NULL ELSE json_merge_patch(provenance, "
+        """'{"hardware": {"platform": null}}')::VARCHAR END AS provenance) FROM src.value_analysis"""
+    ),
     "verifications": (
         f"SELECT * REPLACE ({_without_platform('machine')} AS machine, NULL::VARCHAR AS detail) "
         "FROM src.verifications"

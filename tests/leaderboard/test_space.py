@@ -103,3 +103,27 @@ def test_a_table_name_is_copied_as_a_name_never_run_as_sql(tmp_path: Path) -> No
         names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()]
         assert names == [crafted]  # neither "notes" nor "pwned"
         assert con.execute("SELECT v FROM " + quoted).fetchall() == [(7,)]
+
+
+def test_the_published_copy_drops_the_platform_of_a_value_analysis(tmp_path: Path) -> None:
+    import platform
+
+    from invoke import kvbench
+
+    done = kvbench(
+        *("analyze", "values", "--model", "tiny-qwen3", "--task", "fidelity"),
+        *("--limit", "1", "--group", "16"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    source, target = tmp_path / "runs" / "kvbench.snapshot.duckdb", tmp_path / "public.duckdb"
+    query = "SELECT count(*), count(provenance::JSON->'hardware'->>'platform') FROM value_analysis"
+    with duckdb.connect(str(source), read_only=True) as con:
+        rows, with_platform = con.execute(query).fetchone()
+    assert rows > 0 and with_platform == rows  # the analysis records the machine it ran on
+    assert publish([str(source), str(target)]) == 0
+    with duckdb.connect(str(target), read_only=True) as con:
+        assert con.execute(query).fetchone() == (rows, 0)
+        cpu = con.execute("SELECT any_value(provenance::JSON->'hardware'->>'cpu') FROM value_analysis")
+        assert cpu.fetchone()[0]  # the CPU model stays, as in a run's hardware
+    assert platform.platform().encode() not in target.read_bytes()
