@@ -155,8 +155,8 @@ class StopStrings:
     def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.stops = [s for s in stops if s]
-        longest = max((len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stops), default=0)
-        self.lookback = longest + 2
+        # however the model spells a stop string, each of its tokens writes at least one byte of it
+        self.lookback = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 2
 
     def reached(self, tokens: Sequence[int]) -> bool:
         if not self.stops:

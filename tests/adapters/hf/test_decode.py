@@ -227,3 +227,18 @@ def test_peak_kv_memory_stays_flat_under_eviction(tiny: LoadedModel) -> None:
     per_slot = 2 * tiny.facts.num_layers * tiny.facts.num_kv_heads * tiny.facts.head_dim * 4  # K and V, fp32
     assert evicting.peak_kv_bytes == per_slot * (64 + 16)  # measured as the event fires
     assert full.peak_kv_bytes == per_slot * (len(prompt) + 399)  # the last sampled token is never fed
+
+
+def test_a_stop_string_spelled_in_more_tokens_than_its_own_encoding_is_still_seen(tiny: LoadedModel) -> None:
+    """A model may write a stop string in other tokens than the tokenizer's own encoding of it: here
+    `<|im_end|>` (one special token) written character by character. The per-step check looks back far
+    enough for any spelling: every token writes at least one byte."""
+    from kvbench.adapters.hf.decode import StopStrings
+
+    stop = "<|im_end|>"
+    spelled = [t for ch in stop for t in tiny.tokenizer.encode(ch, add_special_tokens=False)]
+    assert len(spelled) > len(tiny.tokenizer.encode(stop, add_special_tokens=False)) + 2
+    prefix = tiny.tokenizer.encode("The answer is 4.", add_special_tokens=False)
+    assert tiny.tokenizer.decode(prefix + spelled) == "The answer is 4." + stop
+    assert StopStrings(tiny.tokenizer, [stop]).reached(prefix + spelled)
+    assert not StopStrings(tiny.tokenizer, [stop]).reached(prefix + spelled[:-1])
