@@ -229,7 +229,14 @@ def _from_hub(spec: ModelSpec, source: HubCheckpoint, dtype: torch.dtype) -> tup
     try:
         tokenizer, model = load(local_files_only=True)  # the local cache first: no network at all
     except OSError as cached:
-        if local.is_dir() or not _hub_reachable():
+        if local.is_dir():
+            reason = str(cached).splitlines()[0] if str(cached) else ""
+            raise PrerequisiteError(
+                f"model {spec.name!r}: the local folder {local} does not hold a loadable transformers "
+                f"checkpoint ({type(cached).__name__}: {reason}); it needs the config, the weights and the "
+                "tokenizer, as save_pretrained writes them"
+            ) from None
+        if not _hub_reachable():
             raise PrerequisiteError(
                 f"model {spec.name!r} ({source.repo} at revision {source.revision}) is not available "
                 f"offline: it is not in the local Hugging Face cache and the hub is out of reach "

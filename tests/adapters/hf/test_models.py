@@ -98,6 +98,20 @@ def test_hub_loading_code_reads_a_local_checkpoint_in_hub_format(tiny: LoadedMod
     assert loaded.provenance["revision"] == "local"
 
 
+def test_a_local_checkpoint_missing_its_weights_is_named_as_a_folder_not_a_hub_download(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    tiny.model.config.save_pretrained(checkpoint)  # the config and tokenizer, but no weights
+    tiny.tokenizer.save_pretrained(checkpoint)
+    spec = _write_model_yaml(tmp_path / "fixture.yaml", f"  kind: hub\n  repo: {checkpoint}\n")
+    with pytest.raises(PrerequisiteError) as raised:
+        load_model(spec)
+    message = str(raised.value)
+    assert f"local folder {checkpoint}" in message
+    assert "hf download" not in message and "hub is out of reach" not in message
+
+
 def test_unknown_model_lists_the_known_ones() -> None:
     with pytest.raises(UnknownNameError, match=r"Did you mean 'smollm2-135m'.*tiny-qwen3"):
         load_model("smollm2")
