@@ -51,7 +51,7 @@ class LoadedModel:
 
     def stop_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
-        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        ids = list(ids) if isinstance(ids, list) else [ids] if ids is not None else []
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
         return sorted(set(ids))

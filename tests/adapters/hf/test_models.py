@@ -112,6 +112,16 @@ def test_a_local_checkpoint_missing_its_weights_is_named_as_a_folder_not_a_hub_d
     assert "hf download" not in message and "hub is out of reach" not in message
 
 
+def test_stop_ids_leave_the_models_generation_config_as_it_was() -> None:
+    loaded = load_model("tiny-qwen3")
+    eos = loaded.tokenizer.eos_token_id
+    # a list, as Qwen3's hub configs have it
+    loaded.model.generation_config.eos_token_id = [eos, loaded.tokenizer.pad_token_id]
+    for _ in range(3):
+        assert loaded.stop_ids() == sorted({eos, loaded.tokenizer.pad_token_id})
+    assert loaded.model.generation_config.eos_token_id == [eos, loaded.tokenizer.pad_token_id]
+
+
 def test_unknown_model_lists_the_known_ones() -> None:
     with pytest.raises(UnknownNameError, match=r"Did you mean 'smollm2-135m'.*tiny-qwen3"):
         load_model("smollm2")
