@@ -86,10 +86,16 @@ class Schedule:
         # capped at K − B − 1, so that the policy always chooses at least one slot
         return ProtectedPrefix(requested=requested, count=min(requested, self.keep - 1))
 
+    def capped_prompt(self, prompt_len: int) -> ProtectedPrefix | None:
+        """The protected prefix when the protocol protects the whole prompt and K − B − 1 cuts it short;
+        None otherwise (capped sinks are reported, never refused)."""
+        protected = self.protected_prefix(prompt_len)
+        return protected if self.protection == "prompt" and protected.capped else None
+
     def refuse_capped(self, prompt_len: int) -> None:
         """Raise when protecting the whole prompt does not fit K − B − 1 slots (runs that protect it)."""
-        protected = self.protected_prefix(prompt_len)
-        if self.protection == "prompt" and protected.capped:
+        protected = self.capped_prompt(prompt_len)
+        if protected is not None:
             raise BudgetError(
                 f"the budget K={self.budget} with buffer B={self.buffer} leaves room to protect "
                 f"{protected.count} prompt tokens, but the prompt has {protected.requested}: "

@@ -75,10 +75,8 @@ class Replica:
                 continue
             schedule = cell.schedule()
             longest = max(len(p.encoded(self.backend)) for p in problems[cell.run_id])
-            prefix = schedule.protected_prefix(longest)
-            if (
-                schedule.protection == "prompt" and prefix.capped
-            ):  # capped sinks are reported, as decoding does
+            prefix = schedule.capped_prompt(longest)
+            if prefix is not None:
                 raise BudgetError(
                     f"{cell.label}: the budget K={schedule.budget} with buffer B={schedule.buffer} leaves "
                     f"room to protect {prefix.count} prompt tokens, but task {cell.task.name!r} has prompts "
