@@ -126,12 +126,14 @@ class ProbeTaskSource(TaskSource):
 
 
 def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[ProbeProblem]:
-    """A probe source's problems (at most ``limit``), their lengths counted with ``encode``."""
+    """A probe source's problems, their lengths counted with ``encode``: ``limit`` of them, or the source's
+    ``problems`` without one. Problem i is seeded by its index alone, so a larger ``--limit`` adds problems
+    and keeps the first ones as they were."""
 
     def count(text: str) -> int:
         return len(encode(text))
 
-    total = source.problems if limit is None else min(source.problems, limit)
+    total = source.problems if limit is None else limit
     kind = source.probe
     if kind == "fidelity":
         return [

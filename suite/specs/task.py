@@ -21,6 +21,8 @@ class ProbeSource(StrictSpec):
     kind: Literal["probe"]
     probe: Literal["passkey", "planted-fact", "fidelity"]
     problems: int = pydantic.Field(gt=0, le=1 << 20)
+    """How many problems a run generates when no ``--limit`` (or suite ``limit``) is given; a limit, above
+    or below it, generates that many instead (problem i depends on its index only)."""
     length: int = pydantic.Field(gt=0, le=MAX_TOKENS)
     """Tokens of the teacher-forced trace (prompt excluded): the task's N_avg."""
     depth: Depth = 0
