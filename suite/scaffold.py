@@ -28,8 +28,8 @@ from kvbench.policies.scoring import value_range, window_attention
 class {cls}(Policy):
     """{title}: attention of the recent queries, weighted by value range (edit me)."""
 
-    # Fields are the scorer's parameters: `--policy {name}:window=32` sets them, and they are recorded
-    # with every result. Give each a default.
+    # Fields are the scorer's parameters, recorded with every result; give each a default. Set them with
+    #     --policy {selector}:window=32
     window: int = 64
 
     @property
@@ -50,8 +50,20 @@ def class_name(name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"[-_]", name) if part)
 
 
-def write_template(name: str, folder: Path) -> Path:
-    """Write ``folder/<module>.py`` for policy ``name``; refuse to overwrite an existing file."""
+def selector(name: str, path: Path, builtin: bool) -> str:
+    """The ``--policy`` text that selects the scorer ``name`` written at ``path``: its name when it is a
+    built-in (written into kvbench's policies/), otherwise the file and its class."""
+    if builtin:
+        return name
+    # a relative path keeps its "./": `--policy my_scorer.py:X` would read as a policy name with parameters
+    shown = path if path.is_absolute() else f"./{path}" if path.parent == Path() else path
+    return f"{shown}:{class_name(name)}"
+
+
+def write_template(name: str, folder: Path, *, builtin: bool = False) -> tuple[Path, str]:
+    """Write ``folder/<module>.py`` for policy ``name``; refuse to overwrite an existing file. Returns the
+    file and the ``--policy`` text that selects it (``builtin``: the folder is kvbench's policies/), which
+    the template's comment shows with a parameter."""
     if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
         raise SpecError(
             f"policy name {name!r}: use lower-case letters, digits, '-' and '_', starting with a letter"
@@ -64,6 +76,7 @@ def write_template(name: str, folder: Path) -> Path:
         raise SpecError(
             f"{path} exists already; kvbench new-policy never overwrites a file. Choose another name."
         )
+    use = selector(name, path, builtin)
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(TEMPLATE.format(name=name, cls=class_name(name), title=class_name(name)))
-    return path
+    path.write_text(TEMPLATE.format(name=name, cls=class_name(name), title=class_name(name), selector=use))
+    return path, use

@@ -17,7 +17,7 @@ from filesystems import kvbench_line, on_tmpfs, recorded
 from synthetic_adapter import SyntheticBackend, synthetic_model
 
 from kvbench.core.schedule import Schedule
-from kvbench.registry import known_policies, make_policy
+from kvbench.registry import known_policies, make_policy, parse_policy_arg
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 
@@ -53,6 +53,21 @@ def test_new_policy_writes_a_working_template_and_never_overwrites(tmp_path: Pat
     assert taken.returncode == 2 and "exists already" in taken.stderr
     bad = kvbench("new-policy", "My Scorer!", "--dir", str(tmp_path))
     assert bad.returncode == 2 and "lower-case" in bad.stderr
+
+
+def test_the_templates_parameter_comment_is_a_selector_kvbench_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = kvbench("new-policy", "my-scorer", "--dir", "scorers", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.split("--policy ")[-1].strip()
+    comment = re.search(r"--policy (\S+)", (tmp_path / "scorers" / "my_scorer.py").read_text())
+    assert comment is not None
+    assert comment[1] == f"{printed}:window=32"  # the line new-policy prints, with a parameter
+    monkeypatch.chdir(tmp_path)  # the path is as seen from where new-policy ran
+    assert parse_policy_arg(comment[1]) == ("scorers/my_scorer.py", "MyScorer", {"window": "32"})
+    policy = make_policy(comment[1])
+    assert (policy.name, policy.params()) == ("my-scorer", {"window": 32})
 
 
 def test_new_policy_writes_into_the_current_folder_and_runs_from_there(tmp_path: Path) -> None:

@@ -56,15 +56,12 @@ def new_policy(args: argparse.Namespace) -> int:
     import kvbench.policies
     from kvbench.errors import SpecError
     from kvbench.registry import known_policies
-    from kvbench.scaffold import class_name, write_template
+    from kvbench.scaffold import write_template
 
     if args.name in known_policies():
         raise SpecError(f"a policy named {args.name!r} exists already; choose another name")
     package_dir = Path(kvbench.policies.__path__[0])
     folder = Path(args.dir)
-    path = write_template(args.name, folder)
-    # a relative path keeps its "./": `--policy my_scorer.py:X` would read as a policy name with parameters
-    shown = path if path.is_absolute() else f"./{path}" if path.parent == Path() else path
-    use = args.name if folder.resolve() == package_dir.resolve() else f"{shown}:{class_name(args.name)}"
+    path, use = write_template(args.name, folder, builtin=folder.resolve() == package_dir.resolve())
     print(f"wrote {path}\nedit its score(); select it with --policy {use}")
     return 0

@@ -156,8 +156,9 @@ def add_wide_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wide",
         action="store_true",
-        help="every column in the table (W/T/L, margin and MDE, token costs, Δ vs full); the default fits "
-        "100 columns, and --format json/csv/markdown always has every column",
+        help="every field (W/T/L, margin and MDE, token costs, Δ vs full): one table where the terminal is "
+        "wide enough, else a block per policy; the default table fits 100 columns, and --format "
+        "json/csv/markdown always has every field",
     )
 
 
@@ -395,20 +396,21 @@ def print_comparison(rows: list[dict], title: str, *, wide: bool = False) -> Non
 
 
 def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
-    """Comparison rows as one table: HEADER's columns (``wide``), else COMPACT_HEADER's with what an
-    inconclusive row would need printed under it."""
-    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_note
+    """Comparison rows: every field (``wide``: wide_view), else one table of COMPACT_HEADER's columns with
+    what an inconclusive row would need printed under it."""
+    from kvbench.commands.wide_table import wide_view
+    from kvbench.results.compare import COMPACT_HEADER, compact_cells, power_note
 
+    if wide:
+        console.print(wide_view(rows, title, console))
+        return
     table = Table(title=title)
-    for column in HEADER if wide else COMPACT_HEADER:
-        if wide:
-            table.add_column(column, no_wrap=column == "policy", overflow="fold")  # a name is read whole
-        else:
-            table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
+    for column in COMPACT_HEADER:
+        table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
     for r in rows:
-        table.add_row(*(display_cells(r) if wide else compact_cells(r)))
+        table.add_row(*compact_cells(r))
     console.print(table)
-    for note in filter(None, map(power_note, [] if wide else rows)):
+    for note in filter(None, map(power_note, rows)):
         console.print(note)
 
 

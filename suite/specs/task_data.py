@@ -8,7 +8,9 @@ air-gapped users use their own copy).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -94,14 +96,33 @@ def _rows(
         except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
             raise PrerequisiteError(
                 f"task {task.name!r} ({source.dataset} at revision {source.revision}) is not available "
-                f"offline ({type(exc).__name__}): on a machine with network, load it once so that the "
-                "datasets cache holds it, or pass --data PATH with a local copy in the hub's layout"
+                f"offline ({type(exc).__name__}): {fetch_advice(source)}"
             ) from None
     return [
         (index, dict(row))
         for index, row in enumerate(rows)
         if all(str(row.get(k)) == v for k, v in source.where.items())
     ]
+
+
+def fetch_advice(source: HubDataset) -> str:
+    """The commands that make a hub dataset loadable offline: kvbench's own load_dataset call, which fills
+    the datasets cache (what an offline load_dataset reads; a download into the hub's file cache alone is
+    not read offline), or a copy in the hub's layout for --data."""
+    arguments = [json.dumps(source.dataset)]
+    if source.config is not None:
+        arguments.append(f"name={json.dumps(source.config)}")
+    arguments += [f"split={json.dumps(source.split)}", f"revision={json.dumps(source.revision)}"]
+    if source.data_files is not None:
+        arguments.append(f"data_files={json.dumps(source.data_files)}")
+    load = f"import datasets; datasets.load_dataset({', '.join(arguments)})"
+    folder = source.dataset.replace("/", "--")
+    return (
+        "on a machine with network, fill the datasets cache (HF_HOME or HF_DATASETS_CACHE as the run's) "
+        f"with\n    python -c {shlex.quote(load)}\nor download a copy in the hub's layout and pass it "
+        f"with --data {folder}:\n    hf download --repo-type dataset {source.dataset} --revision "
+        f"{source.revision} --local-dir {folder}\n(a gated dataset needs `hf auth login` first)"
+    )
 
 
 def _blank(value: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 
 from kvbench.errors import KvbenchError, SpecError
 from kvbench.registry import make_policy
-from kvbench.specs.loading import load_spec
+from kvbench.specs.loading import load_spec, parse_yaml
 from kvbench.specs.model import ModelSpec, load_model_spec, model_names
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.suite import SuiteSpec, load_suite, suite_names
@@ -49,15 +49,42 @@ def _check_protocol(protocol: ProtocolSpec) -> None:
             raise SpecError(f"protocol {protocol.name!r}, field `{field}`: {exc}") from None
 
 
+def _own_fields(kind: str) -> list[str]:
+    """The top-level fields of ``kind`` that no other kind of spec has: what tells a file's kind."""
+    others = {field for other, cls in KINDS.items() if other != kind for field in cls.model_fields}
+    return [field for field in KINDS[kind].model_fields if field not in others]
+
+
+def _by_content(path: Path) -> str | None:
+    """The kind whose own fields the file uses most, or None where no kind (or more than one) leads."""
+    data = parse_yaml(path)
+    if not isinstance(data, dict):
+        return None
+    counts = {kind: sum(field in data for field in _own_fields(kind)) for kind in KINDS}
+    best = max(counts.values())
+    leaders = [kind for kind, count in counts.items() if count == best]
+    return leaders[0] if best > 0 and len(leaders) == 1 else None
+
+
+def _kind_hint() -> str:
+    """How each kind is told apart: its required fields that no other kind has."""
+    parts = []
+    for kind, cls in KINDS.items():
+        required = [f"`{f}`" for f in _own_fields(kind) if cls.model_fields[f].is_required()]
+        parts.append(f"a {kind.rstrip('s')} spec has {', '.join(required)}")
+    return "; ".join(parts)
+
+
 def _load(path: Path) -> Spec:
-    """A spec file, as the kind its folder names."""
-    for part in reversed(path.resolve().parts[:-1]):
-        if part in KINDS:
-            return load_task(path) if part == "tasks" else load_spec(path, KINDS[part])
-    raise SpecError(
-        f"{path}: cannot tell which kind of spec this is; keep it in a folder named "
-        f"{', '.join(KINDS)} (as in the project layout)"
-    )
+    """A spec file, as the kind its fields name (a kind's own fields, such as a model's `family`), or
+    where they do not tell, as the kind its folder names (models/, protocols/, suites/, tasks/)."""
+    kind = _by_content(path) or next((p for p in reversed(path.resolve().parts[:-1]) if p in KINDS), None)
+    if kind is None:
+        raise SpecError(
+            f"{path}: cannot tell which kind of spec this is from its fields ({_kind_hint()}): add the "
+            f"fields of its kind, or keep it in a folder named {', '.join(f'{k}/' for k in KINDS)}"
+        )
+    return load_task(path) if kind == "tasks" else load_spec(path, KINDS[kind])
 
 
 def _checked(spec: Spec, check_task: Callable[[TaskSpec], Any]) -> tuple[str, str]:

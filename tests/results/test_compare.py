@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -65,11 +66,66 @@ def _tables_fit_100_columns(folder: Path, rows: list[dict]) -> None:
             verdict = f"{short.get(r['verdict'], r['verdict'])} p={r['p_holm']:.3f}"
             assert score in line and delta in line and verdict in line and "3 × 1" in line, line
 
-    wide = subprocess.run([KVBENCH, "compare", "--wide"], capture_output=True, text=True, cwd=folder).stdout
-    from kvbench.results.compare import HEADER
+    # piped, a table is as wide as its cells, as in the terminal (docs/results.md), not 160 columns
+    piped = subprocess.run([KVBENCH, "compare"], capture_output=True, text=True, cwd=folder).stdout
 
-    header = next(line for line in wide.splitlines() if line.startswith("┃"))
-    assert header.count("┃") == len(HEADER) + 1  # every column, W/T/L, margin / MDE and the token costs too
+    def table(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+
+    assert table(piped) == table(shown) and len(table(shown)[0]) < 100
+    wide = in_terminal([KVBENCH, "compare", "--wide"], folder, columns=100)
+    piped = subprocess.run([KVBENCH, "compare", "--wide"], capture_output=True, text=True, cwd=folder).stdout
+    for shown, width in ((wide, 100), (piped, 160)):
+        _every_field_whole(shown, rows, width)
+
+
+def _every_field_whole(shown: str, rows: list[dict], width: int) -> None:
+    """`--wide` within ``width`` columns: every field of every row (W/T/L, margin / MDE and the token costs
+    too) on one line beside its name, no cell cut to "…" or broken over lines, no line wider."""
+    from kvbench.results.compare import HEADER, display_cells
+
+    lines = shown.splitlines()
+    assert "…" not in shown and max(len(line) for line in lines) <= width, shown
+    for row in rows:
+        titles = [i for i, x in enumerate(lines) if x.startswith(f"{row['policy']}: {row['task']} on ")]
+        assert len(titles) == 1, f"no block of its own for {row['policy']}:\n{shown}"
+        start = titles[0]
+        block = lines[start : start + len(HEADER) + 3]  # its title, top border, a line per field, bottom
+        for field, value in zip(HEADER, display_cells(row), strict=True):
+            assert any(re.fullmatch(rf"│ {re.escape(field)} +│ {re.escape(value)} +│", x) for x in block), (
+                field,
+                value,
+                shown,
+            )
+
+
+def test_wide_is_one_table_where_it_fits_and_a_block_per_row_where_it_does_not() -> None:
+    from rich.console import Console
+
+    from kvbench.commands.wide_table import wide_view
+    from kvbench.results.compare import COLUMNS, HEADER, display_cells
+
+    rows = []  # every field at its longest: what a long model, runtime and verdict make of a row
+    for policy, verdict in (("rkv-official", "inconclusive"), ("snapkv", "equivalent to null")):
+        row = dict.fromkeys(COLUMNS, 0.5) | {"budget": 4096, "ratio": None, "seed": 12345}
+        rows.append(
+            row
+            | {"policy": policy, "verdict": verdict, "model": "phi-4-reasoning", "task": "gpqa-diamond"}
+            | {"runtime": "hf/cuda/bfloat16/flash_attention_2", "problems_needed": 19765, "wins": 11}
+            | {"ties": 2, "losses": 185, "margin": 0.02, "minimum_detectable_effect": 0.125}
+        )
+    for width in (100, 160):
+        narrow = Console(width=width, record=True, file=io.StringIO())
+        narrow.print(wide_view(rows, "title", narrow))
+        _every_field_whole(narrow.export_text(), rows, width)
+    roomy = Console(width=1000, record=True, file=io.StringIO())
+    roomy.print(wide_view(rows, "title", roomy))
+    table = roomy.export_text().splitlines()
+    (header,) = [line for line in table if line.startswith("┃")]
+    assert [cell.strip() for cell in header.split("┃")[1:-1]] == list(HEADER)
+    for row in rows:
+        (line,) = [x for x in table if f"│ {row['policy']} " in x]
+        assert [cell.strip() for cell in line.split("│")[1:-1]] == display_cells(row)
 
 
 def in_terminal(command: list[str], cwd: Path, columns: int) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 from invoke import kvbench
+
+import kvbench.tasks as kvbench_tasks
+from kvbench.specs.loading import SPEC_ROOT
 
 
 def test_validate_every_builtin_spec() -> None:
@@ -46,6 +51,40 @@ def test_validate_follows_a_suites_references(tmp_path: Path) -> None:
     )
     result = kvbench("validate", str(suites / "s.yaml"))
     assert result.returncode == 2 and "unknown task 'paskey'. Did you mean 'passkey'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "builtin"),
+    [
+        ("model", SPEC_ROOT / "models" / "smollm2-135m.yaml"),
+        ("protocol", SPEC_ROOT / "protocols" / "sink-only.yaml"),
+        ("suite", SPEC_ROOT / "suites" / "quick.yaml"),
+        ("task", Path(kvbench_tasks.__path__[0]) / "fidelity.yaml"),
+    ],
+)
+def test_validate_reads_a_spec_files_kind_from_its_fields_wherever_it_is(
+    tmp_path: Path, kind: str, builtin: Path
+) -> None:
+    path = tmp_path / "my specs" / "mine.yaml"  # no models/, tasks/, ... folder anywhere above it
+    path.parent.mkdir()
+    shutil.copy(builtin, path)
+    result = kvbench("validate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"ok\t{kind}\t{builtin.stem}"]
+
+
+def test_validate_says_how_to_name_the_kind_of_a_file_whose_fields_do_not(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("spec_version: 1\nname: mine\ndescription: d\n")
+    result = kvbench("validate", str(path))
+    assert result.returncode == 2
+    assert f"{path}: cannot tell which kind of spec this is from its fields" in result.stderr
+    for fields in ("`family`, `dtype`", "`protection`, `budget`, `sampling`", "`metric`"):
+        assert fields in result.stderr
+    assert "keep it in a folder named models/, protocols/, suites/, tasks/" in result.stderr
+    (tmp_path / "tasks").mkdir()  # where the fields do not tell, the folder does
+    result = kvbench("validate", str(path.rename(tmp_path / "tasks" / "mine.yaml")))
+    assert result.returncode == 2 and "field `metric`: Field required (add this field)" in result.stderr
 
 
 def test_ingest_is_idempotent_and_rebuilds_from_shards(tmp_path: Path) -> None:
