@@ -35,7 +35,10 @@ def shard_rows(out: Path) -> list[tuple]:
 
 
 def test_run_writes_runs_and_samples_tables(tmp_path: Path) -> None:
-    result = kvbench("run", *TINY, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path)
+    both = ["--task", "passkey", "--task", "fidelity"]
+    result = kvbench(
+        "run", *TINY, *both, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "passkey on tiny-qwen3" in result.stdout and "random (null)" in result.stdout
     assert "results: runs/kvbench.duckdb (tables runs, samples)" in result.stdout
@@ -56,7 +59,7 @@ def test_run_writes_runs_and_samples_tables(tmp_path: Path) -> None:
     assert (count, seeds, forced) == (2 * 2 * 2, 8, True)  # tasks × problems × samples, a seed each
     assert evictions >= 10  # (1024 + prompt − 256) / 64 events in every trace
     con.close()
-    again = kvbench("run", *TINY, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path)
+    again = kvbench("run", *TINY, *both, "--policy", "snapkv", "--limit", "2", "--samples", "2", cwd=tmp_path)
     assert "0 problems computed, 12 reused" in again.stdout
     assert len(sample_keys(tmp_path / "runs")) == 6 * 2 * 2
 
