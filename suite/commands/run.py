@@ -397,7 +397,7 @@ def print_comparison(rows: list[dict], title: str, *, wide: bool = False) -> Non
 def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     """Comparison rows as one table: HEADER's columns (``wide``), else COMPACT_HEADER's with what an
     inconclusive row would need printed under it."""
-    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_note
+    from kvbench.results.compare import COMPACT_HEADER, HEADER, compact_cells, display_cells, power_notes
 
     table = Table(title=title)
     for column in HEADER if wide else COMPACT_HEADER:
@@ -408,7 +408,7 @@ def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     for r in rows:
         table.add_row(*(display_cells(r) if wide else compact_cells(r)))
     console.print(table)
-    for note in filter(None, map(power_note, [] if wide else rows)):
+    for note in [] if wide else power_notes(rows):
         console.print(note)
 
 
