@@ -42,10 +42,11 @@ shows no evidence that its scores carry information about which tokens matter. T
   losses), **Holm-corrected** across the policies of the table at α = 0.05: *beats null* or *loses*.
   Otherwise the policy is *equivalent* when two one-sided t-tests on the per-problem differences put
   Δ inside the protocol's ±margin (Holm-corrected the same way), and *inconclusive* when neither
-  test decides: beside it, the problems that would give the sign test 80% power to detect the margin
-  at the observed share of differing problems. *MDE* is the smallest effect the table's problems
-  detect with 80% power ("none": 4 problems give a smallest p of 0.125, so none). Problems present in
-  only one arm are left out and counted.
+  test decides: beside it, the problems that would give a decided verdict 80% power at the observed
+  paired differences, and which verdict ("23 problems to beat", "35 problems to be equivalent"), or
+  "no problem differs" where more problems of that probe cannot separate the arms. *MDE* is the
+  smallest effect the table's problems detect with 80% power ("none": 4 problems give a smallest p of
+  0.125, so none). Problems present in only one arm are left out and counted.
 - **Tokens × full**, **tokens / correct**, **Δ tokens** and **Δ trunc vs null**: what compression costs
   in generated tokens (a reasoning model that loses context thinks longer): mean generated tokens over
   the full cache's on the same problems, generated tokens per correct answer, and the paired

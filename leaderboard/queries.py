@@ -21,7 +21,7 @@ import pandas as pd
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
-from kvbench.results.compare import effect_text
+from kvbench.results.compare import effect_text, needed_text
 from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, most_complete, summarize
@@ -366,8 +366,11 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING
     record["margin"] = test.margin if test else math.nan
     record["MDE"] = effect_text(test.minimum_detectable) if test else MISSING
-    needed = test.problems_needed if test and test.verdict == "inconclusive" else None
-    record["problems for 80% power"] = str(needed) if needed is not None else MISSING  # one type per column
+    record["problems for 80% power"] = (  # what would decide an inconclusive row, at its differences
+        needed_text(test.plan, differs=bool(test.wins or test.losses), margin=test.margin, short=True)
+        if test and test.verdict == "inconclusive"
+        else MISSING
+    )
     record["tokens × full"] = arm.lengthening
     record["tokens / correct"] = arm.tokens_per_correct
     record["Δ tokens vs null"] = arm.tokens_vs_baseline.value if arm.tokens_vs_baseline else math.nan

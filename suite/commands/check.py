@@ -148,7 +148,7 @@ def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
             cell_key(cell),
             f"{row['delta']:+.4f} [{row['delta_low']:+.4f}, {row['delta_high']:+.4f}]",
             f"{row['wins']}/{row['ties']}/{row['losses']}",
-            verdict_text(row["verdict"], row["p_holm"], row["problems_needed"]),
+            verdict_text(row),
             f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
         )
     if table.row_count:

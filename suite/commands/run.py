@@ -399,7 +399,7 @@ def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     """Comparison rows: every field (``wide``: wide_view), else one table of COMPACT_HEADER's columns with
     what an inconclusive row would need printed under it."""
     from kvbench.commands.wide_table import wide_view
-    from kvbench.results.compare import COMPACT_HEADER, compact_cells, power_note
+    from kvbench.results.compare import COMPACT_HEADER, compact_cells, power_notes
 
     if wide:
         console.print(wide_view(rows, title, console))
@@ -410,7 +410,7 @@ def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     for r in rows:
         table.add_row(*compact_cells(r))
     console.print(table)
-    for note in filter(None, map(power_note, rows)):
+    for note in power_notes(rows):
         console.print(note)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvbench.errors import SpecError
 from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
-from kvbench.results.stats import Estimate
+from kvbench.results.stats import ALPHA, MAX_PROBLEMS, POWER, Estimate, PowerPlan
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import reading
@@ -78,6 +78,8 @@ COLUMNS = (
     "p_equivalence_holm",
     "minimum_detectable_effect",
     "problems_needed",
+    "problems_needed_for",
+    "sign_test_first",
     "delta_full",
     "problems",
     "samples",
@@ -202,9 +204,11 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.p_equivalence_adjusted,
                 test.minimum_detectable,
                 test.problems_needed,
+                test.plan.decision if test.plan else None,
+                test.plan.sign_first if test.plan else None,
             )
             if test is not None
-            else (None,) * 4 + (NO_BASELINE,) + (None,) * 4
+            else (None,) * 4 + (NO_BASELINE,) + (None,) * 6
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -274,7 +278,7 @@ def display_cells(row: dict) -> list[str]:
         f"{_signed_interval(row, 'delta_tokens', '.0f')} / {_number(row['delta_truncation'], '+.0%')}",
         _signed_interval(row, "delta", ".3f"),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
-        verdict_text(row["verdict"], row["p_holm"], row["problems_needed"]),
+        verdict_text(row),
         "—"
         if row["margin"] is None
         else f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
@@ -325,23 +329,64 @@ def compact_verdict(verdict: str | None, p_holm: float | None) -> str:
     return f"{verdict.split()[0]} p={p_holm:.3f}"
 
 
-def power_note(row: dict) -> str | None:
-    """Under the compact table: what an *inconclusive* arm would need (``--wide`` puts it in a cell)."""
-    if row["verdict"] != "inconclusive":
-        return None
-    needed = row["problems_needed"]
-    reach = f"{needed} problems would give 80% power" if needed else "no number of problems gives 80% power"
-    return f"{row['policy']}: inconclusive; {reach} to detect a difference of ±{row['margin']:g}"
+NO_DIFFERENCE = "no arm differs on any problem at this K: more problems of this probe cannot separate them"
+"""Where no policy of a table differs from the null on any problem: no count of problems is shown."""
+
+_TO = {"beats null": "to beat", "loses to null": "to lose", "equivalent to null": "to be equivalent"}
 
 
-def verdict_text(verdict: str | None, p_holm: float | None, problems_needed: int | None) -> str:
-    """A verdict as people read it: with the sign test's Holm p, and beside *inconclusive* the problems
-    that would give the sign test 80% power to detect the margin."""
+def needed_text(plan: PowerPlan | None, *, differs: bool, margin: float | None, short: bool = False) -> str:
+    """What an *inconclusive* comparison would need: the problems that give a decision (named) 80% power
+    at the observed differences (stats.plan_decision), or why no number of problems decides. ``differs``:
+    whether the arms differ on any problem; ``short``: for a table cell."""
+    if plan is None or margin is None or math.isnan(margin):
+        return "no margin" if short else "no equivalence margin to plan with"
+    if plan.decision is not None:
+        count = f"over {MAX_PROBLEMS:,}" if plan.problems is None else str(plan.problems)
+        if short:
+            return f"{count} problems {_TO[plan.decision]}"
+        text = f"{count} problems would give {POWER:.0%} power to decide {plan.decision!r}"
+        if plan.sign_first >= ALPHA:  # below the sign test's level it is no more than chance
+            text += f" (the sign test, asked first, would decide {plan.sign_first:.0%} of such runs)"
+        return text
+    if not differs:
+        return "no problem differs" if short else f"no problem differs from the null at this K: {_CANNOT}"
+    if short:
+        return "no count decides"
+    return (
+        f"wins as many problems as it loses, yet its mean differs by more than ±{margin:g}: "
+        "no number of problems decides at these differences"
+    )
+
+
+_CANNOT = "more problems of this probe cannot separate them"
+
+
+def row_needs(row: dict, *, short: bool = False) -> str:
+    """needed_text for a comparison row (its problems_needed and problems_needed_for columns)."""
+    plan = PowerPlan(row["problems_needed_for"], row["problems_needed"], row["sign_test_first"] or 0.0)
+    return needed_text(plan, differs=bool(row["wins"] or row["losses"]), margin=row["margin"], short=short)
+
+
+def power_notes(rows: list[dict]) -> list[str]:
+    """Under the compact table: what each *inconclusive* arm would need (``--wide`` puts it in a cell);
+    one line where no arm of the table differs from the null on any problem."""
+    tested = [r for r in rows if r["wins"] is not None]
+    waiting = [r for r in tested if r["verdict"] == "inconclusive"]
+    if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
+        return [NO_DIFFERENCE]
+    return [f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting]
+
+
+def verdict_text(row: dict) -> str:
+    """A verdict as people read it: with the sign test's Holm p, and beside *inconclusive* what would
+    decide it at the observed differences."""
+    verdict, p_holm = row["verdict"], row["p_holm"]
     if p_holm is None:
         return verdict or "—"
     text = f"{verdict} (p={p_holm:.3f})"
     if verdict == "inconclusive":
-        text += f"; {problems_needed} problems for 80% power" if problems_needed else "; margin out of reach"
+        text += f"; {POWER:.0%} power: {row_needs(row, short=True)}"
     return text
 
 

@@ -7,9 +7,9 @@ not independent. Differences between two arms are paired on the problems both ar
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -78,10 +78,31 @@ def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], floa
 
 
 Verdict = Literal["beats null", "equivalent to null", "inconclusive", "loses to null"]
+Decision = Literal["beats null", "equivalent to null", "loses to null"]
+"""A decided verdict: what a count of problems needed is for."""
 
 ALPHA = 0.05
 POWER = 0.8
 """The power the minimum detectable effect and the problems needed are quoted at."""
+
+
+@dataclass(frozen=True)
+class PowerPlan:
+    """How many problems would decide, planned from the observed paired differences taken as the truth.
+
+    ``decision`` is None where no number of problems decides at these differences: no problem differs
+    (more problems of the same probe stay tied, and a row of zeros says nothing about the spread an
+    equivalence test needs), or the arm wins as often as it loses while its mean difference lies outside
+    the margin (neither test can decide). ``problems`` is None there, and where the decision would need
+    more than MAX_PROBLEMS.
+    """
+
+    decision: Decision | None
+    problems: int | None
+    sign_first: float = 0.0
+    """Where the decision is *equivalent* and the arm wins more (or fewer) problems than it loses: the
+    sign test's power at ``problems``, which is the share of such runs that end *beats* (or *loses*)
+    instead, since the verdict rule asks the sign test first."""
 
 
 @dataclass(frozen=True)
@@ -103,17 +124,36 @@ class PairedComparison:
     p_equivalence: float = 1.0
     """Two one-sided t-tests (TOST) of the per-problem differences against ±margin: the larger p."""
     p_equivalence_adjusted: float | None = None
-    minimum_detectable: float = math.nan
-    """The smallest effect the sign test detects at 80% power with these problems at the observed
-    discordance (inf: none can be)."""
-    problems_needed: int | None = None
-    """The problems that give the sign test 80% power to detect the margin at the observed discordance."""
+    spread: float = math.nan
+    """The standard deviation of the per-problem differences (n − 1 in the denominator)."""
 
     @property
     def discordance(self) -> float:
         """The share of shared problems on which the two arms differ."""
         shared = self.wins + self.ties + self.losses
         return (self.wins + self.losses) / shared if shared else math.nan
+
+    # the power figures are searched for (tens of ms) and read only where shown: computed when first read
+    @cached_property
+    def minimum_detectable(self) -> float:
+        """The smallest effect the sign test detects at 80% power with these problems at the observed
+        discordance (inf: none can be)."""
+        return minimum_detectable_effect(self.wins + self.ties + self.losses, self.discordance)
+
+    @cached_property
+    def plan(self) -> PowerPlan | None:
+        """The problems that would give a decided verdict 80% power at the observed differences, and
+        which verdict (None without a margin or problems)."""
+        shared = self.wins + self.ties + self.losses
+        if not shared:
+            return None
+        return plan_decision(
+            self.wins / shared, self.losses / shared, self.difference.value, self.spread, self.margin
+        )
+
+    @property
+    def problems_needed(self) -> int | None:
+        return self.plan.problems if self.plan else None
 
 
 def compare_arms(
@@ -131,7 +171,6 @@ def compare_arms(
     wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
     decided = wins + losses
     p_value = float(binomtest(wins, decided, 0.5).pvalue) if decided else 1.0
-    discordance = decided / len(shared) if shared else math.nan
     return PairedComparison(
         difference=bootstrap_mean(deltas, **kwargs),
         wins=wins,
@@ -141,8 +180,7 @@ def compare_arms(
         excluded=excluded,
         margin=margin,
         p_equivalence=equivalence_p(deltas, margin),
-        minimum_detectable=minimum_detectable_effect(len(shared), discordance),
-        problems_needed=problems_needed(discordance, margin),
+        spread=float(deltas.std(ddof=1)) if deltas.size > 1 else math.nan,
     )
 
 
@@ -216,32 +254,132 @@ MAX_PROBLEMS = 1_000_000
 """Beyond this many problems the figure is reported as out of reach (None)."""
 
 
-def problems_needed(
-    discordance: float, margin: float, alpha: float = ALPHA, power: float = POWER
-) -> int | None:
-    """Problems that give the sign test ``power`` against an effect of ``margin`` at the observed
-    discordance. Below the margin's own size (an effect of ``margin`` needs the arms to differ on at
-    least that share of problems) the discordance is taken to be the margin. The exact power is not
-    quite monotone in n (the test is discrete): the figure is where bisection over n finds it crossing.
+def plan_decision(
+    win_share: float,
+    loss_share: float,
+    mean: float,
+    spread: float,
+    margin: float,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> PowerPlan | None:
+    """The fewest problems at which a decided verdict has ``power``, were the observed per-problem
+    differences the truth: each problem won with probability ``win_share``, lost with ``loss_share``,
+    its difference of mean ``mean`` and standard deviation ``spread``. None without a margin.
+
+    Two tests can decide, and each is planned from what it reads. The sign test sees only signs: its
+    power depends on the share won minus the share lost (the effect) at their sum (the discordance),
+    not on the mean difference; the two coincide for one pass/fail sample per problem. It can decide
+    (*beats* or *loses*, by the sign of the effect) whenever the effect is not 0. The equivalence test
+    reads the mean and spread: it can decide only when the mean lies inside ±margin, and has no spread
+    to plan with when every difference is the same. Where the mean lies outside the margin the figure
+    is the sign test's; inside it, the equivalence test's, unless the sign test would reach the power
+    with fewer problems: the verdict rule asks the sign test first, so that is the verdict the reader
+    would then see. Each figure is its own test's; where both tests have power, a decided verdict of
+    either kind comes with fewer problems than either figure (PowerPlan.sign_first says how often the
+    sign test would pre-empt the equivalence the figure is for).
     """
-    if not margin > 0 or math.isnan(discordance):
+    if not margin > 0 or math.isnan(mean):
         return None
-    rate = min(1.0, max(discordance, margin))
-    effect = min(margin, rate)
+    if win_share == loss_share == 0:  # every difference is exactly 0: more problems stay tied
+        return PowerPlan(None, None)
+    effect = win_share - loss_share
+    sign: Decision = "beats null" if effect > 0 else "loses to null"
+    equivalent = abs(mean) < margin and spread > 0
+    if not equivalent:
+        if effect == 0:
+            return PowerPlan(None, None)
+        return PowerPlan(sign, sign_test_problems(win_share + loss_share, abs(effect), alpha, power))
+    needed = equivalence_problems(mean, spread, margin, alpha, power)
+    fewer = needed - 1 if needed is not None else MAX_PROBLEMS
+    first = sign_test_problems(win_share + loss_share, abs(effect), alpha, power, fewer) if effect else None
+    if first is not None:
+        return PowerPlan(sign, first)
+    rival = sign_test_power(needed, win_share + loss_share, abs(effect), alpha) if effect and needed else 0.0
+    return PowerPlan("equivalent to null", needed, rival)
 
-    def enough(n: int) -> bool:
-        return sign_test_power(n, rate, effect, alpha) >= power
 
-    high = 8
-    while not enough(high):
-        if high > MAX_PROBLEMS:
+def sign_test_problems(
+    discordance: float, effect: float, alpha: float = ALPHA, power: float = POWER, most: int = MAX_PROBLEMS
+) -> int | None:
+    """Problems that give the sign test ``power`` against ``effect`` (share won minus share lost) at
+    ``discordance``; None beyond ``most``. The exact power is not quite monotone in n (the test is
+    discrete): the figure is where bisection over n finds it crossing."""
+    if not 0 < effect <= discordance <= 1:
+        return None
+    # below 6 problems no two-sided sign test rejects at 5% (5 of 5: p = 0.0625)
+    return _fewest_problems(lambda n: sign_test_power(n, discordance, effect, alpha) >= power, 6, most)
+
+
+def equivalence_power(
+    problems: int, mean: float, spread: float, margin: float, alpha: float = ALPHA
+) -> float:
+    """Power of equivalence_p's test (two one-sided t-tests at ``alpha`` against ±margin) on
+    ``problems`` independent normal differences of mean ``mean`` and standard deviation ``spread``.
+
+    The test declares equivalence when the mean d̄ lies inside ±(margin − t·S/√n), t the 1 − α quantile
+    of Student's t with n − 1 degrees of freedom and S the sample standard deviation. d̄ ~ N(mean, σ²/n)
+    and V = (n − 1)S²/σ² ~ χ²(n − 1) are independent, so, with u = F(V) and h(u) = t·σ·√(V/(n − 1))/√n,
+
+        power = ∫₀^F(v*) [Φ((margin − h − mean)√n/σ) − Φ((h − margin − mean)√n/σ)] du,
+
+    F the χ²(n − 1) distribution function and v* = (n − 1)(margin·√n/(t·σ))² the V at which the interval
+    no longer fits inside the margins (the exact power, which Owen's Q function also gives). Integrating
+    over u keeps the integrand bounded however narrow χ² is. Differences that are not normal (a 0/1
+    metric's −1, 0, +1) make it an approximation. Every figure for the equivalence test comes from
+    this function: where equivalence_p changes, this changes with it.
+    """
+    from scipy import integrate, special
+
+    if problems < 2 or not spread > 0 or not margin > 0:
+        return 0.0
+    df = problems - 1
+    t = special.stdtrit(df, 1 - alpha)
+    se = spread / math.sqrt(problems)
+    widest = df * (margin / (t * se)) ** 2  # v*
+    # over q = 1 − u, the χ² survival, which keeps its precision where u nears 1; the integrand falls
+    # to 0 over the last stretch of V below v*, which may hold little mass: quad is shown where it lies
+    falls = sorted({float(special.chdtrc(df, widest * c)) for c in (0.5, 0.8, 0.95, 0.99)})
+
+    def inside(q: float) -> float:
+        half = t * se * math.sqrt(special.chdtri(df, q) / df)
+        return max(0.0, special.ndtr((margin - half - mean) / se) - special.ndtr((half - margin - mean) / se))
+
+    start = float(special.chdtrc(df, widest))
+    return float(integrate.quad(inside, start, 1.0, points=falls, limit=200, epsabs=1e-10)[0])
+
+
+def equivalence_problems(
+    mean: float, spread: float, margin: float, alpha: float = ALPHA, power: float = POWER
+) -> int | None:
+    """Problems that give the equivalence test ``power`` at this mean and spread; None where no
+    number does (the mean on or outside the margin, no spread) or beyond MAX_PROBLEMS."""
+    if not abs(mean) < margin or not spread > 0:
+        return None
+    return _fewest_problems(
+        lambda n: equivalence_power(n, mean, spread, margin, alpha) >= power, 2, MAX_PROBLEMS
+    )
+
+
+def _fewest_problems(enough: Callable[[int], bool], first: int, most: int) -> int | None:
+    """The fewest n in [first, most] with enough(n), by doubling then bisection; None if not even
+    ``most`` is enough."""
+    if first > most:
+        return None
+    if enough(first):
+        return first
+    low = first  # never enough
+    while True:
+        if low >= most:
             return None
-        high *= 2
-    low = high // 2  # not enough (or 4, below which no sign test rejects at 5%)
+        high = min(low * 2, most)
+        if enough(high):
+            break
+        low = high
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if enough(middle) else (middle, high)
-    return high if high <= MAX_PROBLEMS else None  # the last doubling overshoots the cap
+    return high
 
 
 def holm(p_values: list[float]) -> list[float]:

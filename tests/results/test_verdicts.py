@@ -72,9 +72,8 @@ def _tost(deltas: np.ndarray) -> float:
     return max(lower, upper)
 
 
-def independent(database: Path) -> dict[str, tuple[int, int, float, str]]:
-    """(wins, losses, Holm-adjusted p, verdict) per policy, from SQL and scipy, Holm and TOST written out
-    here."""
+def differences(database: Path) -> dict[str, np.ndarray]:
+    """Per policy, its per-problem score minus the null's, from SQL, by problem id."""
     con = duckdb.connect(str(database), read_only=True)
     rows = con.execute(
         """
@@ -86,7 +85,13 @@ def independent(database: Path) -> dict[str, tuple[int, int, float, str]]:
         """
     ).fetchall()
     con.close()
-    deltas = {policy: np.array(values) for policy, values in rows}
+    return {policy: np.array(values) for policy, values in rows}
+
+
+def independent(database: Path) -> dict[str, tuple[int, int, float, str]]:
+    """(wins, losses, Holm-adjusted p, verdict) per policy, from SQL and scipy, Holm and TOST written out
+    here."""
+    deltas = differences(database)
     counts = {policy: (int((d > 0).sum()), int((d < 0).sum())) for policy, d in deltas.items()}
     adjusted = _holm({p: binomtest(w, w + n, 0.5).pvalue if w + n else 1.0 for p, (w, n) in counts.items()})
     equivalent = _holm({policy: _tost(d) for policy, d in deltas.items()})
@@ -181,26 +186,39 @@ def test_compare_shows_what_compression_costs_in_tokens(store: Path) -> None:
 
 def test_margin_power_and_problems_needed_are_shown(store: Path) -> None:
     """The margin (the protocol's default), the minimum detectable effect and, beside *inconclusive*,
-    the problems needed: read back from compare, its Markdown and the leaderboard."""
-    from kvbench.results.compare import display_cells, render
-    from kvbench.results.stats import minimum_detectable_effect, problems_needed
+    what would decide it at the observed differences: read back from compare, its Markdown, the notes
+    under the terminal table and the leaderboard. policy-03 (12 wins, 3 losses, mean +0.225, outside
+    ±0.02) is planned by the sign test, to beat; policy-02 ties every problem: no count."""
+    from kvbench.results.compare import display_cells, power_notes, render
+    from kvbench.results.stats import minimum_detectable_effect, plan_decision
 
     rows = {r["policy"]: r for r in compare(store, Filters())}
     frame = queries.leaderboard(store, "synthetic", "protect-prompt", queries.Compression(4.0, None)).frame
     shown = frame.set_index("policy")
-    for policy, (wins, losses, _, verdict) in independent(store).items():
+    for policy, (wins, losses, _, _) in independent(store).items():
         row = rows[policy]
         discordance = (wins + losses) / PROBLEMS
         assert row["margin"] == MARGIN and shown.loc[policy, "margin"] == MARGIN
         mde = minimum_detectable_effect(PROBLEMS, discordance)
         assert row["minimum_detectable_effect"] == mde
-        needed = problems_needed(discordance, MARGIN)
-        assert row["problems_needed"] == needed
-        cells = display_cells(row)
-        if verdict == "inconclusive":
-            assert f"{needed} problems for 80% power" in cells[-3]
-            assert shown.loc[policy, "problems for 80% power"] == str(needed)
-        assert f"±{MARGIN:g}" in cells[-2]
+        assert f"±{MARGIN:g}" in display_cells(row)[-2]
+    deltas = differences(store)["policy-03"]
+    wins, losses = (deltas > 0).mean(), (deltas < 0).mean()
+    plan = plan_decision(wins, losses, deltas.mean(), deltas.std(ddof=1), MARGIN)
+    assert plan is not None and plan.decision == "beats null"
+    row = rows["policy-03"]
+    assert (row["problems_needed"], row["problems_needed_for"]) == (plan.problems, "beats null")
+    assert display_cells(row)[-3].endswith(f"; 80% power: {plan.problems} problems to beat")
+    assert shown.loc["policy-03", "problems for 80% power"] == f"{plan.problems} problems to beat"
+    tied = rows["policy-02"]
+    assert (tied["problems_needed"], tied["problems_needed_for"]) == (None, None)
+    assert display_cells(tied)[-3].endswith("; 80% power: no problem differs")
+    assert shown.loc["policy-02", "problems for 80% power"] == "no problem differs"
+    assert power_notes(list(rows.values())) == [
+        "policy-02: inconclusive; no problem differs from the null at this K: more problems of this "
+        "probe cannot separate them",
+        f"policy-03: inconclusive; {plan.problems} problems would give 80% power to decide 'beats null'",
+    ]
     # 20 differing problems of 40: the smallest effect 80% power reaches lies between 0 and 0.5
     assert 0.2 < rows["policy-03"]["minimum_detectable_effect"] < 0.5
     assert "inconclusive" in render(list(rows.values()), "markdown")
