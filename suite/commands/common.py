@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +56,41 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         help="torch's CPU threads (default: torch's, one per core). On a machine busy with other work, "
         "--threads 1 can be several times faster; the count is recorded with the results",
     )
+
+
+def busy_machine_hint(
+    threads: int | None, device: str, *, load: float | None = None, cores: int | None = None
+) -> str | None:
+    """A line suggesting ``--threads`` when other work holds at least one of the cores torch's threads
+    would use: its threads wait on each other at every operation, so one busy core slows them all (2.8
+    times on 2 cores, docs/running.md). None when ``--threads`` is given or the work is not on the CPU.
+    ``load`` (default: the 1-minute load average, read before the model loads, so mostly others' work) and
+    ``cores`` (default: the CPU count) are parameters for the tests."""
+    if threads is not None or not device.startswith("cpu"):
+        return None
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on Windows, nor where the kernel does not say
+            return None
+    cores = cores or os.cpu_count() or 1
+    import torch
+
+    ours = torch.get_num_threads()
+    if load < cores - ours + 1:
+        return None
+    return (
+        f"the machine is busy (load {load:.1f} on {cores} cores): `--threads {max(1, int(cores - load))}` "
+        "can be several times faster here (docs/running.md#on-a-busy-machine)"
+    )
+
+
+def warn_if_busy(threads: int | None, device: str) -> None:
+    """busy_machine_hint's line, where it has one: on stdout with the run's progress, since stderr is the
+    one line of a command's failure."""
+    hint = busy_machine_hint(threads, device)
+    if hint:
+        console.print(hint)
 
 
 def use_threads(threads: int | None) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import add_threads_argument, console, mib, use_threads
+from kvbench.commands.common import add_threads_argument, console, mib, use_threads, warn_if_busy
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -68,6 +68,7 @@ def generate_command(args: argparse.Namespace) -> int:
         budget=args.budget, buffer=args.buffer, protection=args.protection, sinks=args.sinks, order=args.order
     )
     spec = load_model_spec(args.model)
+    warn_if_busy(args.threads, args.device)
     with ended(find_adapter(args.adapter).load(spec, device=args.device, attention="sdpa")) as backend:
         calibration = None  # the statistics a policy needs, None when it needs none
         if "calibration" in policy.needs:

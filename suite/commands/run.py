@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from kvbench.commands.common import add_threads_argument, console, output_file, output_folder, use_threads
+from kvbench.commands.common import (
+    add_threads_argument,
+    console,
+    output_file,
+    output_folder,
+    use_threads,
+    warn_if_busy,
+)
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -190,6 +197,8 @@ def run_command(args: argparse.Namespace) -> int:
             results=args.ray_results,
         )
         executor = RayExecutor(args.out, options)
+    if executor is None:  # Ray's replicas have their own threads (--ray-cpus-per-worker)
+        warn_if_busy(args.threads, args.device)
     completed = run_cells(cells, args.out, executor, progress=not args.quiet)
     cells, timings = completed.cells, completed.timings
     ingest_started = time.perf_counter()

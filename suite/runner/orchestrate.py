@@ -15,16 +15,18 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.text import Text
 
 from kvbench.errors import KvbenchError
 from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
+from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.plan import Cell
 from kvbench.store.shards import ShardStore, read_manifest, read_records
@@ -99,26 +101,25 @@ class _Run:
     progress: bool
     timings: Timings = field(default_factory=Timings)
     lines: bool = False
+    eta: Eta = field(default_factory=lambda: Eta([]))
+    computing: float = 0.0
+    """Wall seconds this model's units have taken so far: the ETA's scale from unit seconds to wall."""
 
     def model(self, cells: list[Cell]) -> dict[str, Cell]:
         """One model's cells, ready ones first, then settled ones; planned run id -> the cell as it ran."""
         prepared = self.executor.prepare(cells)
         self.timings.model_load += prepared.load_seconds
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         # piped to a file, a live bar shows nothing for the whole run: one line per finished unit instead
         self.lines = self.progress and not Console().is_terminal
-        # the ETA from the last hour's pace, not rich's 30 s: a reasoning problem can take minutes
         shown_at_all = self.progress and not self.lines
-        with Progress(*columns, disable=not shown_at_all, transient=True, speed_estimate_period=3600) as bar:
-            total = sum(len(self._chosen(c, prepared)) for c in cells)
-            shown = (bar, bar.add_task(cells[0].model.name, total=total))
+        with Progress(*columns, _Countdown(), disable=not shown_at_all, transient=True) as bar:
+            chosen = [(c, self._chosen(c, prepared)) for c in cells]
+            # every unit of the model, the pending cells' too (they run after their full arms)
+            self.eta = Eta([_kind(Unit(c, p)) for c, problems in chosen for p in problems])
+            self.computing = 0.0
+            total = sum(len(problems) for _, problems in chosen)
+            shown = (bar, bar.add_task(cells[0].model.name, total=total, finish=None))
             failures = self._units([c for c in cells if c.pending is None], prepared, *shown)
             as_ran = settle_all(cells, self.out, prepared.problems)
             settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
@@ -147,6 +148,7 @@ class _Run:
                 if store.has(problem_id) or copied(problem_id, smaller, store):
                     timings.reused += 1
                     bar.advance(task)
+                    self.eta.skipped(_kind(Unit(cell, problem_id)))
                 else:
                     units.append(Unit(cell, problem_id))
         # a problem's cells one after another: a teacher-forced probe's full-cache predictions are made
@@ -158,14 +160,19 @@ class _Run:
             for i, problem in enumerate(prepared.problems[cell.run_id])
         }
         units.sort(key=lambda unit: order[unit.cell.task.name, unit.problem_id])
-        began, ran = time.perf_counter(), 0
+        began, computing = time.perf_counter(), self.computing
         for result in self.executor.run(units, lambda text: bar.update(task, description=text)):
             cell, problem_id = result.unit.cell, result.unit.problem_id
-            bar.advance(task)
-            ran += 1
-            if self.lines:  # the pace of this batch's units, wall clock: executors may run several at once
-                pace = (time.perf_counter() - began) / ran
-                line = _unit_line(bar.tasks[task], f"{cell.label} {problem_id}", result.seconds, pace)
+            self.computing = computing + time.perf_counter() - began
+            if result.error is None:
+                self.eta.finished(_kind(result.unit), result.seconds)
+            else:
+                self.eta.skipped(_kind(result.unit))
+            # in wall seconds: executors may run several units at once
+            left = self.eta.left(self.computing)
+            bar.update(task, advance=1, finish=None if left is None else time.monotonic() + left)
+            if self.lines:
+                line = _unit_line(bar.tasks[task], f"{cell.label} {problem_id}", result.seconds, left)
                 print(line if result.error is None else f"{line} FAILED", flush=True)
             if result.error is not None:
                 failures.append(f"{cell.label} {problem_id}: {result.error}"[:500])
@@ -215,9 +222,21 @@ def _clock(seconds: float | None) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
-def _unit_line(progress: Task, unit: str, seconds: float, pace: float) -> str:
-    """``[done/total] unit: its seconds; elapsed, ETA`` for a log: what a bar shows on a terminal. The ETA
-    is the remaining units at ``pace`` seconds each."""
+def _unit_line(progress: Task, unit: str, seconds: float, left: float | None) -> str:
+    """``[done/total] unit: its seconds; elapsed, ETA`` for a log: what a bar shows on a terminal."""
     done, total = int(progress.completed), int(progress.total or 0)
-    eta = pace * (total - done)
-    return f"[{done}/{total}] {unit}: {seconds:.1f} s; elapsed {_clock(progress.elapsed)}, ETA {_clock(eta)}"
+    return f"[{done}/{total}] {unit}: {seconds:.1f} s; elapsed {_clock(progress.elapsed)}, ETA {_clock(left)}"
+
+
+def _kind(unit: Unit) -> UnitKind:
+    return UnitKind(unit.cell.task.name, unit.cell.policy.evicts, unit.cost)
+
+
+class _Countdown(ProgressColumn):
+    """``ETA h:mm:ss`` counting down to the time the Eta last gave (rich's own column assumes one pace for
+    every unit)."""
+
+    def render(self, task: Task) -> Text:
+        finish = task.fields.get("finish")
+        left = None if finish is None else max(0.0, finish - time.monotonic())
+        return Text(f"ETA {_clock(left)}", style="progress.remaining")

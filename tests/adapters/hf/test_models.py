@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ CONVERT_AND_COMPARE = """
 import sys, torch, transformers
 from kvbench.adapters.hf.models import load_model
 loaded = load_model("smollm2-135m")
+print("LOADED", file=sys.stderr, flush=True)
 gguf = loaded.provenance["gguf"]
 direct = transformers.AutoModelForCausalLM.from_pretrained(
     gguf.rsplit("/", 1)[0], gguf_file=gguf.rsplit("/", 1)[1], dtype=torch.float32
@@ -59,7 +61,8 @@ print(gap)
 @pytest.mark.slow
 def test_the_embedded_model_converts_from_an_empty_cache(tmp_path: Path) -> None:
     """A new machine's first load: the GGUF is converted into an empty cache, in a fresh process, with
-    only the declared dependencies; the converted weights give the GGUF's own logits."""
+    only the declared dependencies, said in a line before and one after (stderr is a pipe here: no
+    progress bar's carriage returns); the converted weights give the GGUF's own logits."""
     import os
     import subprocess
     import sys
@@ -67,15 +70,26 @@ def test_the_embedded_model_converts_from_an_empty_cache(tmp_path: Path) -> None
     cache = tmp_path / "empty-cache"
     env = {**os.environ, "KVBENCH_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", CONVERT_AND_COMPARE], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CONVERT_AND_COMPARE], env=env, capture_output=True, timeout=600
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    converted, gap = done.stdout.strip().splitlines()[-2:]
+    # read as bytes: text mode would turn a bar's carriage returns into newlines
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, stderr[-3000:]
+    converted, gap = stdout.strip().splitlines()[-2:]
     assert Path(converted).parent == cache / "models"
     assert (Path(converted) / "model.safetensors").is_file() and (
         Path(converted) / "tokenizer.json"
     ).is_file()
     assert float(gap) < 1e-4, f"converted weights drift from the GGUF's by {gap} in the logits"
+    loading = stderr.split("LOADED\n")[0]  # after it, the test's own GGUF load draws its bar
+    assert "\r" not in loading, loading[:500]
+    name = Path(converted).name
+    assert re.search(
+        rf"^smollm2-135m: converting SmolLM2-135M-Instruct\.Q4_1\.gguf into kvbench's cache, once: .*{name}\n"
+        r"smollm2-135m: converted in \d+ s$",
+        loading,
+        flags=re.M,
+    ), loading[-2000:]
 
 
 def _write_model_yaml(path: Path, source: str) -> Path:
