@@ -63,7 +63,8 @@ METHOD = (
 # (a comment: Streamlit's magic would print a bare string here on the page).
 LEADING = ("policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)")
 TRAILING = ("K/N_avg", "problems × samples")
-PINNED_VERDICTS = 3  # verdict columns pinned beside the policy, at most: more would fill a narrow screen
+PINNED_VERDICTS = 1  # verdict columns pinned beside the policy, at most: Streamlit unpins every column
+# when the pinned ones take more than 60% of the table, as two verdicts and the policy do at 800 px
 POOLS_HELP = (
     "Tasks are pooled only with tasks whose metric is of the same kind: pass/fail (a grader's verdict, "
     "exact retrieval), a proportion (top-1 agreement), or an unbounded metric with itself."
