@@ -20,7 +20,7 @@ from kvbench.errors import StorageError
 from kvbench.leaderboard import analysis, charts, downloads, permalink, queries, retention
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
-from kvbench.leaderboard.display import MISSING
+from kvbench.leaderboard.display import MISSING, split_shared
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP, public_mode, scrub_frame
 from kvbench.results.stats import DRAWS
 from kvbench.results.summary import QUANTITIES
@@ -64,20 +64,55 @@ METHOD = (
 # (a comment: Streamlit's magic would print a bare string here on the page).
 LEADING = ("policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)")
 TRAILING = ("K/N_avg", "problems × samples")
+PINNED_VERDICTS = 1  # verdict columns pinned beside the policy, at most: Streamlit unpins every column
+# when the pinned ones take more than 60% of the table, as two verdicts and the policy do at 800 px
+POOLS_HELP = (
+    "Tasks are pooled only with tasks whose metric is of the same kind: pass/fail (a grader's verdict, "
+    "exact retrieval), a proportion (top-1 agreement), or an unbounded metric with itself."
+)
 
 
-def shown_columns(table: queries.Table, wide: bool) -> list[str]:
-    """The main table's columns in display order: the verdict and the score first, then the per-kind
-    averages and the tasks, then the budget; "all columns" adds the rest. The memory columns appear only
-    where they say something: when a table's arms held other than K tokens or paid other than one byte
-    cost per token (mixed precision), never for eviction alone."""
+def verdict_columns(table: queries.Table, pooled: bool) -> list[str]:
+    """The verdict columns a view shows: each task's, as `kvbench compare` gives them (one task: its
+    table's *verdict*); ``pooled``: each pool's, as `kvbench compare --pool` gives them, beside the
+    verdicts of the tasks no pool holds."""
     columns = list(table.frame.columns)
-    by_kind = [c for c in columns if c.startswith("average (")]
+    if not table.per_task:
+        return [c for c in ("verdict",) if c in columns]
+    alone = table.tasks
+    shown: list[str] = []
+    if pooled:
+        pooled_tasks = {t for tasks in table.pools.values() for t in tasks}
+        alone = [t for t in table.tasks if t not in pooled_tasks]
+        shown = [
+            "verdict" if label == "average" else queries.column(label, "verdict") for label in table.pools
+        ]
+    shown += [queries.column(t, "verdict") for t in alone]
+    return [c for c in shown if c in columns]
+
+
+def shown_columns(table: queries.Table, wide: bool, pooled: bool = False) -> list[str]:
+    """The main table's columns in display order: the policy and the verdicts, each task's (``pooled``:
+    each pool's) with its score, Δ vs null and Holm p when there is one, then (``pooled``) the averages
+    that pool tasks of one kind and the tasks, then the budget; "all columns" adds the rest. The memory
+    columns appear only where they say something: when a table's arms held other than K tokens or paid
+    other than one byte cost per token (mixed precision), never for eviction alone."""
+    columns = list(table.frame.columns)
+    verdicts = verdict_columns(table, pooled)
+    tested = verdicts
+    if len(verdicts) == 1:  # one comparison: its score, Δ vs null and Holm p beside its verdict
+        prefix = verdicts[0][: -len("verdict")]
+        tested = [verdicts[0], prefix.strip() or "average ± CI", prefix + "Δ vs null", prefix + "p (Holm)"]
+    averages = [  # each task apart by default, as `kvbench compare` shows them; pools on request
+        c
+        for c in ("average ± CI", *(label for label in table.pools if label != "average"))
+        if c in columns and (pooled or not table.per_task)
+    ]
     memory = [c for c in MEMORY_COLUMNS if c in columns and _memory_informative(table.frame)]
-    shown = [*LEADING, *by_kind, *table.tasks, *TRAILING[:1], *memory, *TRAILING[1:]]
+    shown = ["policy", *tested, *averages, *table.tasks, *TRAILING[:1], *memory, *TRAILING[1:]]
     if wide:  # "average" itself never: its text twin shows the interval
         shown += [c for c in columns if c not in shown and c not in MEMORY_COLUMNS and c != "average"]
-    return [c for c in shown if c in columns]
+    return [c for c in dict.fromkeys(shown) if c in columns]
 
 
 def _memory_informative(frame: pd.DataFrame) -> bool:
@@ -92,7 +127,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
         queries.choices,
         queries.leaderboard,
         queries.budget_curves,
-        queries.tasks,
+        queries.curve_groups,
         queries.efficiency,
         queries.policy_runs,
         queries.problems,
@@ -181,11 +216,15 @@ def _page(database: Path, public: bool) -> None:
         _policy_view(query, table, public)
     with views["Provenance"]:
         runs = query("provenance", table.run_ids)
-        _table(scrub_frame(runs) if public else runs)
+        differ, shared = split_shared(scrub_frame(runs) if public else runs, keep=("run_id", "label"))
+        _table(differ, key="provenance_runs")
         st.caption(
             "Every run behind the leaderboard table: spec hash, versions, commit, hardware, date; for a "
-            "submitted run its submission and newest verification, with the machine that re-ran it."
+            "submitted run its submission and newest verification, with the machine that re-ran it. What "
+            "differs between the runs is in the table above, what all of them share below."
         )
+        if not shared.empty:
+            _table(shared, key="provenance_shared")
     with views["Downloads"]:
         _downloads_view(query, database, table)
     _remember(chosen)
@@ -283,38 +322,35 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
         return
     if not (table.frame["role"] == Role.POLICY).any():
         st.info("No policy matches these filters; only the baselines are shown.")
-    for note in table.mismatched:  # marked "≠ null" in the table too
-        st.warning(note + ".")
+    if table.mismatched:  # marked "≠ null" in the table too; one line, so that the table stays in view
+        st.warning(_mismatch_note(table.mismatched))
     number = st.column_config.NumberColumn
-    wide = st.toggle("all columns", key="wide", help="margin, MDE, power, token costs, parameters, badges")
+    left, right = st.columns(2)
+    wide = left.toggle("all columns", key="wide", help="margin, MDE, power, token costs, parameters, badges")
+    poolable = table.per_task and any(len(tasks) > 1 for tasks in table.pools.values())
+    pooled = poolable and right.toggle(
+        "pool tasks of one kind", key="pooled", help=f"as `kvbench compare --pool`. {POOLS_HELP}"
+    )
+    order = shown_columns(table, wide, pooled)
+    verdicts = verdict_columns(table, pooled)
     _table(
         table.frame,
-        column_order=shown_columns(table, wide),
+        column_order=order,
         column_config={
             "policy": st.column_config.TextColumn(pinned=True),
-            "verdict": st.column_config.TextColumn(pinned=True),
+            **{v: st.column_config.TextColumn(pinned=len(verdicts) <= PINNED_VERDICTS) for v in verdicts},
             "average ± CI": st.column_config.TextColumn(help=_pooled_text(table)),
-            "Δ vs null": number(format="%+.3f"),
-            "Δ vs full": number(format="%+.3f"),
-            "p (Holm)": number(format="%.3f"),
-            "margin": number(format="±%.3f"),
-            "tokens × full": number(format="%.2f"),
-            "tokens / correct": number(format="%.0f"),
-            "Δ tokens vs null": number(format="%+.0f"),
-            "Δ trunc vs null": number(format="%+.2f"),
-            "K/N_avg": number(format="%.2f"),
-            "K held/N_avg": number(format="%.2f"),
-            "bytes/token": number(format="%.0f"),
-            "byte budget (MiB)": number(format="%.2f"),
+            **{
+                c: number(format=f)
+                for c in order
+                for suffix, f in NUMBER_FORMATS.items()
+                if c == suffix or c.endswith(f" {suffix}")
+            },
         },
     )
-    badges = [
-        f"**{row['policy']}** {BADGE_MARKDOWN[row['verdict']]}"
-        for _, row in table.frame.iterrows()
-        if row["verdict"] in BADGE_MARKDOWN
-    ]
-    if badges:
-        st.markdown("Against the null: " + " · ".join(badges))
+    badges = [_badge_line(row, verdicts) for _, row in table.frame.iterrows()]
+    if any(badges):
+        st.markdown("Against the null: " + " · ".join(b for b in badges if b))
     frame = table.frame
     left, right, _ = st.columns([1, 1, 4])
     left.download_button(
@@ -328,22 +364,59 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
     st.caption(f"{METHOD} {_pooled_text(table)}")
 
 
+NUMBER_FORMATS = {
+    "Δ vs null": "%+.3f",
+    "Δ vs full": "%+.3f",
+    "p (Holm)": "%.3f",
+    "margin": "±%.3f",
+    "tokens × full": "%.2f",
+    "tokens / correct": "%.0f",
+    "Δ tokens vs null": "%+.0f",
+    "Δ trunc vs null": "%+.2f",
+    "K/N_avg": "%.2f",
+    "K held/N_avg": "%.2f",
+    "bytes/token": "%.0f",
+    "byte budget (MiB)": "%.2f",
+}  # how each numeric column is written, also as the last words of a task's or a pool's column
+
+
+def _badge_line(row: pd.Series, verdicts: list[str]) -> str:
+    """One arm's verdicts as badges: "**snapkv** inconclusive", or per task "**snapkv** passkey
+    inconclusive, fidelity beats null"."""
+    found = [
+        (name[: -len("verdict")].strip(), BADGE_MARKDOWN[row[name]])
+        for name in verdicts
+        if row[name] in BADGE_MARKDOWN
+    ]
+    if not found:
+        return ""
+    return f"**{row['policy']}** " + ", ".join(f"{label} {badge}".strip() for label, badge in found)
+
+
+def _mismatch_note(notes: list[str]) -> str:
+    """The arms on other problems than the null, in one line."""
+    return (
+        "Marked ≠ null: " + "; ".join(notes) + ". Their cells average their own problems, while Δ vs null, "
+        "W/T/L and the verdicts pair the problems both ran."
+    )
+
+
 def _pooled_text(table: queries.Table) -> str:
-    """Exactly what *average* pools: its tasks with their kinds, and the per-kind averages beside it."""
-    if not table.average_over:
-        return "The average covers the tasks every arm here ran: none."
-    named = ", ".join(
-        f"{t} ({table.kinds.get(t, '?')}" + (f": {table.metrics[t]})" if t in table.metrics else ")")
-        for t in table.average_over
-    )
+    """What the verdicts are and what each average pools: the tasks with their metrics' kinds."""
+    named = ", ".join(f"{t} ({table.metrics[t]})" if t in table.metrics else t for t in table.tasks)
+    if not table.per_task:
+        return f"The task's metric: {named}."
     text = (
-        f"*average* pools the tasks every arm here ran, each (task, problem) one cluster of equal weight: "
-        f"{named}; Δ vs null, W/T/L and the verdict are on this pool."
+        "Each task's verdict, Δ vs null and Holm p are those of `kvbench compare` for that task (Holm "
+        f"across the policies that ran it). The tasks' metrics: {named}. Tasks are pooled, each (task, "
+        "problem) one cluster of equal weight, only with tasks of the same kind"
     )
-    if any(c.startswith("average (") for c in table.frame.columns):
-        text += " It mixes a continuous metric with exact-match scores: *average (exact match)* and "
-        text += "*average (continuous)* pool each kind on its own."
-    return text
+    if "average" in table.pools:
+        return text + f": *average* pools {', '.join(table.average_over)}, as `kvbench compare --pool` does."
+    if table.pools:
+        pooled = "; ".join(f"*{label}* {', '.join(tasks)}" for label, tasks in table.pools.items())
+        return text + f": {pooled}; no average mixes kinds."
+    return text + ": here no two tasks are of one kind, so nothing is pooled."
 
 
 def _head_to_head_view(query, table: queries.Table, chosen: Selection) -> None:
@@ -400,11 +473,9 @@ def _cap_note(rows: queries.Capped, what: str) -> None:
 
 def _curves_view(query, chosen: Selection) -> None:
     model, protocol, quantity = chosen.model, chosen.protocol, chosen.quantity
-    tasks = query("tasks", model, protocol)
-    task = st.selectbox(
-        "task", [None, *tasks], format_func=lambda t: t or "all tasks, pooled", key="curve_task"
-    )
-    curves = query("budget_curves", model, protocol, task, chosen.runtime, chosen.seed, quantity)
+    groups = query("curve_groups", model, protocol, quantity)
+    task = st.selectbox("tasks", list(groups), key="curve_task", help=POOLS_HELP)
+    curves = query("budget_curves", model, protocol, groups.get(task), chosen.runtime, chosen.seed, quantity)
     if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
         st.info(
             f"No ratio-based runs with {quantity}: run a suite with `ratios:` "
@@ -416,7 +487,7 @@ def _curves_view(query, chosen: Selection) -> None:
             "These runs have one compression ratio, so each arm is a point, not a curve: a budget curve "
             "needs several (`kvbench run --suite probes` runs every built-in policy at 2x, 4x and 8x)."
         )
-    title = f"{model}, {task or 'all tasks pooled'}: {quantity} against compression"
+    title = f"{model}, {task}: {quantity} against compression"
     st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
 
 
@@ -430,6 +501,9 @@ def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> N
         return
     if "average" in rows:
         st.plotly_chart(charts.efficiency(rows, f"{model}: speed and score"), key="efficiency")
+    elif "average" not in table.frame:
+        st.caption("No chart of speed against score: this table's tasks have metrics of different kinds, "
+                   "which no one average pools; a table of one kind of task has it.")  # fmt: skip
     _table(scrub_frame(rows) if public else rows)
     st.caption(
         "Speed and memory come from `kvbench bench decode` at its own fixed K; scores at the selected budget."

@@ -1,5 +1,6 @@
 """Two arms of one leaderboard table side by side: on the tasks both ran, the paired difference per task
-and pooled, with its bootstrap interval and the exact sign test, and the per-problem outcomes.
+and pooled (tasks of one kind of metric only), with its bootstrap interval and the exact sign test, and
+the per-problem outcomes.
 
 The statistics are kvbench.results.stats's, as in every table: problems are matched by id within a
 task, the interval resamples problems (pooled: (task, problem) clusters), and the sign test counts the
@@ -16,19 +17,11 @@ import pandas as pd
 
 from kvbench.leaderboard.display import MISSING, setting_label
 from kvbench.leaderboard.public import ROW_CAP
-from kvbench.leaderboard.queries import (
-    CONTINUOUS,
-    EXACT,
-    ArmKey,
-    Capped,
-    Compression,
-    connect,
-    table_runs,
-    task_kinds,
-)
-from kvbench.results.comparison import StoredRun
+from kvbench.leaderboard.queries import ArmKey, Capped, Compression, connect, table_runs
+from kvbench.results.comparison import StoredRun, task_metrics
 from kvbench.results.stats import PairedComparison, compare_arms, holm, pool
 from kvbench.results.summary import most_complete, summarize
+from kvbench.specs.metric_kind import pools
 from kvbench.specs.resolved import Role
 
 WIN, TIE, LOSS = "A higher", "tie", "B higher"
@@ -72,20 +65,16 @@ def head_to_head(
         chosen[run.arm][run.task] = run
     common = sorted(set(chosen[a]) & set(chosen[b]))
     scores = {arm: {t: summaries[chosen[arm][t].run_id].scores for t in common} for arm in (a, b)}
-    kinds = task_kinds(runs, summaries)
-    rows = [_row(t, kinds[t], compare_arms(scores[a][t], scores[b][t])) for t in common]
+    metrics = task_metrics(runs, quantity)
+    rows = [_row(t, str(metrics[t]), compare_arms(scores[a][t], scores[b][t])) for t in common]
     for row, adjusted in zip(rows, holm([r["p (sign test)"] for r in rows]), strict=True):
         row["p (Holm, tasks)"] = adjusted
-    groups = {"pooled": common}
-    if quantity == "score" and len({kinds[t] for t in common}) > 1:
-        # like with like too, where a kind has more than one task (one task's row is above)
-        groups |= {f"pooled, {k}": [t for t in common if kinds[t] == k] for k in (EXACT, CONTINUOUS)}
-    for label, tasks in groups.items():
+    by_kind = pools(metrics, common)
+    for label, tasks in by_kind.items():  # like with like only: never a mean over two kinds of metric
         if len(tasks) > 1:
             first, second = (pool({t: scores[arm][t] for t in tasks}) for arm in (a, b))
-            paired = compare_arms(first, second)
-            mixed = " + ".join(sorted({kinds[t] for t in tasks}))
-            rows.append(_row(f"{label} ({len(tasks)} tasks)", mixed, paired))
+            name = "pooled" if len(by_kind) == 1 else f"pooled, {label}"
+            rows.append(_row(f"{name} ({len(tasks)} tasks)", label, compare_arms(first, second)))
     notes = [
         f"{t}: {chosen[a][t].samples} samples per problem for A, {chosen[b][t].samples} for B "
         "(each problem's mean is compared)"

@@ -21,16 +21,22 @@ import pandas as pd
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
-from kvbench.results.compare import effect_text, needed_text
-from kvbench.results.comparison import RUNTIME, ArmResult, StoredRun, common_tasks, compare_table, stored_runs
+from kvbench.results.compare import effect_text, needed_text, task_tables
+from kvbench.results.comparison import (
+    RUNTIME,
+    ArmResult,
+    StoredRun,
+    common_tasks,
+    compare_table,
+    stored_runs,
+    task_metrics,
+)
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
-from kvbench.results.summary import CellSummary, most_complete, summarize
+from kvbench.results.summary import QUANTITIES, CellSummary, most_complete, summarize
+from kvbench.specs.metric_kind import Metric, pools, task_metric
 from kvbench.specs.resolved import Role
+from kvbench.specs.task import TaskSpec
 from kvbench.store.ingest import reading
-
-EXACT, CONTINUOUS = "exact match", "continuous"
-"""Task kinds: a verdict per sample (pass@1, a probe's exact match) or a continuous metric (fidelity's
-top-1 agreement): the table pools each kind on its own beside the pooled average."""
 
 
 @contextmanager
@@ -150,21 +156,38 @@ class ArmKey(NamedTuple):
     role: str
 
 
+POOLED = "pooled {}"
+"""The label of a pool of one kind's tasks in a table that mixes kinds ("pooled pass/fail"): its columns
+are named as a task's are ("pooled pass/fail verdict")."""
+
+
+def column(group: str, name: str) -> str:
+    """The column ``name`` (verdict, Δ vs null, ...) of one task or pool of a table of several tasks."""
+    return f"{group} {name}"
+
+
 @dataclass(frozen=True)
 class Table:
     frame: pd.DataFrame
     tasks: list[str]
     average_over: list[str]
-    """The tasks every arm in the table ran: the average, Δ and verdicts pool these."""
+    """The tasks every arm in the table ran: what *average* (one kind of metric) or each pool pools."""
     run_ids: list[str]
     arms: list[ArmKey] = field(default_factory=list)
     """The arm of each row of ``frame``, in its order."""
-    kinds: dict[str, str] = field(default_factory=dict)
-    """Task -> EXACT or CONTINUOUS."""
-    metrics: dict[str, str] = field(default_factory=dict)
-    """Task -> the name of its metric as its spec declares it (when stored)."""
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    """Task -> the metric of its ranked quantity, with its kind (kvbench.specs.metric_kind)."""
+    pools: dict[str, list[str]] = field(default_factory=dict)
+    """Label -> tasks: the common tasks pooled, by kind; one label, "average", when they are of one
+    kind, else POOLED labels for each kind with two tasks or more."""
     mismatched: list[str] = field(default_factory=list)
-    """One sentence per shown arm whose problems are not the null's: what its paired columns rest on."""
+    """The shown arms whose problems are not the null's (one phrase each): what their paired columns rest
+    on."""
+
+    @property
+    def per_task(self) -> bool:
+        """Whether each task has verdict columns of its own (a table of several tasks)."""
+        return len(self.tasks) > 1
 
 
 def _in_table(run: StoredRun, compression: Compression) -> bool:
@@ -191,15 +214,17 @@ def leaderboard(
     seed: int | None = None,
     quantity: str = "score",
 ) -> Table:
-    """Rows = policies (the null and the full cache included), columns = tasks and the pooled average.
+    """Rows = arms (the null and the full cache included), columns = tasks, their verdicts and pools.
 
-    The numbers come from the comparison builder (kvbench.results.comparison), as in `kvbench compare`:
-    the average pools the tasks every arm ran, clustered by (task, problem); Δ vs the null and its
-    verdict come from the paired sign test on those clusters, Holm-corrected across every policy at this
-    model, protocol and compression. ``name`` then only selects which policies' rows are shown: a filter
-    never changes the family of the correction, hence never a verdict. Where the pooled tasks mix exact
-    match with continuous metrics, each kind is also averaged alone (``average (KIND)``); each row names
-    the submission holding its runs and the badge of their newest verifications.
+    The numbers come from the comparison builder (kvbench.results.comparison), as in `kvbench compare`.
+    Each task's verdict, Δ vs null and Holm p are those of `kvbench compare`'s table for that task (the
+    columns "TASK verdict", ... where the table has several tasks). A pool averages the tasks every arm
+    ran, clustered by (task, problem), and is tested as `kvbench compare --pool` tests it, Holm-corrected
+    across every policy at this model, protocol and compression; tasks are pooled only with tasks whose
+    metric is of the same kind: *average*, *verdict*, ... when the tasks are of one kind (a one-task
+    table's are its task's), "pooled KIND ..." per kind when they mix. ``name`` then only selects which
+    policies' rows are shown: a filter never changes the family of the correction, hence never a
+    verdict. Each row names the submission holding its runs and the badge of their newest verifications.
     """
     with connect(database) as con:
         runs = table_runs(con, model, protocol, compression, runtime, seed)
@@ -211,18 +236,29 @@ def leaderboard(
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
-        metrics = _metrics(con, run_ids)
         memory = _memory(con, run_ids)
-    kinds = task_kinds(runs, summaries)
-    # a split by kind only where the ranked quantity is the tasks' own metric and the table mixes kinds
-    split = sorted({kinds[t] for t in common}) if quantity == "score" else []
-    records = [
-        _record(arm, tasks, summaries)
-        | _memory_columns(arm, memory)
-        | _by_kind(arm, common, kinds, summaries, split)
-        | _badges(arm, held)
-        for arm in shown
-    ]
+    metrics = task_metrics(runs, quantity)
+    by_kind = pools(metrics, common)
+    groups = {"": common} if len(by_kind) == 1 else {k: t for k, t in by_kind.items() if len(t) > 1}
+    tested = {
+        label: _by_arm(compare_table(runs, summaries, tasks=members, baseline=null))
+        for label, members in groups.items()
+        if label
+    }
+    per_task = _per_task(runs, summaries, null) if len(tasks) > 1 else {}
+    records = []
+    for arm in shown:
+        key = ArmKey(arm.policy, arm.params, arm.role)
+        record = _record(arm, tasks, summaries) | _memory_columns(arm, memory)
+        if "" in groups:
+            record |= _tested(arm, "") | {"average": arm.score.value, "average ± CI": _interval(arm.score)}
+        for label, results in tested.items():
+            pooled = results.get(key)
+            record |= {POOLED.format(label): _interval(pooled.score) if pooled else MISSING}
+            record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
+        for task, results in per_task.items():
+            record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
+        records.append(record | _badges(arm, held))
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
         if (arm.policy, arm.params) in mismatched:
@@ -230,17 +266,46 @@ def leaderboard(
     frame = pd.DataFrame.from_records(records)
     keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
     if not frame.empty:
-        order = frame.sort_values("average", ascending=False, kind="stable").index
+        ranks = [_rank(arm, by_kind, summaries) for arm in shown]
+        order = sorted(range(len(shown)), key=lambda i: ranks[i])  # stable: ties keep the builder's order
         frame = frame.loc[order].reset_index(drop=True)
         keys = [keys[i] for i in order]
-    return Table(frame, tasks, common, run_ids, keys, kinds, metrics, list(mismatched.values()))
+    pool_labels = {("average" if not label else POOLED.format(label)): t for label, t in groups.items()}
+    return Table(frame, tasks, common, run_ids, keys, metrics, pool_labels, list(mismatched.values()))
+
+
+def _by_arm(arms: list[ArmResult]) -> dict[ArmKey, ArmResult]:
+    return {ArmKey(a.policy, a.params, a.role): a for a in arms}
+
+
+def _per_task(
+    runs: list[StoredRun], summaries: dict[str, CellSummary], null: str
+) -> dict[str, dict[ArmKey, ArmResult]]:
+    """Task -> its arms as `kvbench compare` tables them (one table per task and budget; at one
+    compression a task has one budget, and a second one's arms would follow the first's)."""
+    found: dict[str, dict[ArmKey, ArmResult]] = {}
+    for table in task_tables(runs, summaries, null):
+        found.setdefault(table.context[1], {}).update(_by_arm(table.arms))
+    return found
+
+
+def _rank(arm: ArmResult, by_kind: dict[str, list[str]], summaries: dict[str, CellSummary]) -> tuple:
+    """Rows in descending order of each kind's mean over its tasks, kind after kind (never of a mean
+    over tasks of two kinds); an arm without a kind's tasks last."""
+    means = []
+    for members in by_kind.values():
+        values = list(
+            pool({t: summaries[arm.runs[t].run_id].scores for t in members if t in arm.runs}).values()
+        )
+        means.append(-sum(values) / len(values) if values else math.inf)
+    return tuple(means)
 
 
 def _mismatches(
     arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]
 ) -> dict[tuple[str, str], str]:
-    """Arms ((policy, params) -> a sentence) that scored other problems than the null on this table's
-    tasks: their cells average their own problems, while Δ vs null, W/T/L and the verdict pair the shared
+    """Arms ((policy, params) -> a phrase) that scored other problems than the null on this table's
+    tasks: their cells average their own problems, while Δ vs null, W/T/L and the verdicts pair the shared
     ones. A policy with several settings in the table is named with its parameters."""
 
     def problems(arm: ArmResult) -> set[tuple[str, str]]:
@@ -257,8 +322,7 @@ def _mismatches(
             settings = {a.params for a in arms if a.policy == arm.policy}
             name = arm.policy if len(settings) == 1 else setting_label(arm.policy, arm.params)
             found[(arm.policy, arm.params)] = (
-                f"{name} scored {len(held)} problems and the null {len(expected)}: its cells average "
-                f"its own, while Δ vs null, W/T/L and the verdict pair the {len(held & expected)} both ran"
+                f"{name} scored {len(held)} problems, the null {len(expected)}, both {len(held & expected)}"
             )
     return found
 
@@ -281,22 +345,6 @@ def table_runs(
     tasks = {r.task for r in runs if r.role != Role.REFERENCE}
     # the full cache serves every budget: only its runs on this table's tasks count here
     return [r for r in runs if r.task in tasks]
-
-
-def task_kinds(runs: list[StoredRun], summaries: dict[str, CellSummary]) -> dict[str, str]:
-    """A task is continuous when none of its samples has a correct/incorrect verdict (summary.py leaves
-    ``strict`` empty for those)."""
-    graded = {r.task for r in runs if summaries[r.run_id].strict}
-    return {r.task: EXACT if r.task in graded else CONTINUOUS for r in runs}
-
-
-def _metrics(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
-    found = con.execute(
-        "SELECT task, any_value(spec->'task'->>'metric') FROM runs WHERE list_contains(?, run_id) "
-        "GROUP BY task",
-        [run_ids],
-    ).fetchall()
-    return {task: metric for task, metric in found if metric}
 
 
 def _memory(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, tuple[float, float, float]]:
@@ -324,30 +372,13 @@ def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]
     }
 
 
-def _by_kind(
-    arm: ArmResult,
-    common: list[str],
-    kinds: dict[str, str],
-    summaries: dict[str, CellSummary],
-    split: list[str],
-) -> dict[str, str]:
-    """The arm's average over each kind of task, when the table has more than one kind."""
-    if len(split) < 2:
-        return {}
-    out = {}
-    for kind in split:
-        scores = pool({t: summaries[arm.runs[t].run_id].scores for t in common if kinds[t] == kind})
-        out[f"average ({kind})"] = _interval(bootstrap_mean(list(scores.values())))
-    return out
-
-
 def _badges(arm: ArmResult, held: pd.DataFrame) -> dict[str, str]:
     submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held)
     return {"submission": submission, "verified": verified}
 
 
 def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary]) -> dict:
-    test = arm.test
+    """The arm's own columns: its score per task and what its budget cost, pooled over its tasks."""
     record: dict = {"policy": arm.policy, "role": arm.role}
     for task in tasks:
         held = len(summaries[arm.runs[task].run_id].scores) if task in arm.runs else 0
@@ -357,29 +388,41 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
             record[task] = f"{arm.per_task[task].value:.3f} (1 problem)"
         else:
             record[task] = _interval(arm.per_task[task])
-    record["average"] = arm.score.value
-    record["average ± CI"] = _interval(arm.score)
-    record["Δ vs null"] = test.difference.value if test else (0.0 if arm.role == Role.NULL else math.nan)
-    roles: dict[str, str] = {Role.NULL: "null", Role.REFERENCE: "reference", Role.POLICY: "no matching null"}
-    record["verdict"] = _badge(test.verdict) if test else roles.get(arm.role, MISSING)
-    record["p (Holm)"] = test.p_adjusted if test else math.nan
-    record["W/T/L"] = f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING
-    record["margin"] = test.margin if test else math.nan
-    record["MDE"] = effect_text(test.minimum_detectable) if test else MISSING
-    record["problems for 80% power"] = (  # what would decide an inconclusive row, at its differences
-        needed_text(test.plan, differs=bool(test.wins or test.losses), margin=test.margin, short=True)
-        if test and test.verdict == "inconclusive"
-        else MISSING
-    )
     record["tokens × full"] = arm.lengthening
     record["tokens / correct"] = arm.tokens_per_correct
     record["Δ tokens vs null"] = arm.tokens_vs_baseline.value if arm.tokens_vs_baseline else math.nan
     record["Δ trunc vs null"] = arm.truncation_vs_baseline.value if arm.truncation_vs_baseline else math.nan
-    record["Δ vs full"] = arm.vs_full.value if arm.vs_full else math.nan
     record["K/N_avg"] = arm.k_over_n_avg
     record["problems × samples"] = problems_by_samples([summaries[run.run_id] for run in arm.runs.values()])
     record["parameters"] = parameters_text(arm.params)
     return record
+
+
+ROLES: dict[str, str] = {Role.NULL: "null", Role.REFERENCE: "reference", Role.POLICY: "no matching null"}
+"""The verdict cell of an arm that is not tested against the null, by its role."""
+
+
+def _tested(arm: ArmResult | None, prefix: str, role: str | None = None) -> dict:
+    """One comparison's columns, each name after ``prefix`` (a task's or a pool's, or none): the verdict
+    against the null and what it rests on. ``arm`` None: the arm is not in that comparison, and its
+    verdict cell names its ``role`` (None: the arm did not run it)."""
+    test = arm.test if arm is not None else None
+    role = arm.role if arm is not None else role
+    values = {
+        "verdict": _badge(test.verdict) if test else ROLES.get(role or "", MISSING),
+        "Δ vs null": test.difference.value if test else (0.0 if role == Role.NULL else math.nan),
+        "p (Holm)": test.p_adjusted if test else math.nan,
+        "W/T/L": f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING,
+        "margin": test.margin if test else math.nan,
+        "MDE": effect_text(test.minimum_detectable) if test else MISSING,
+        "problems for 80% power": (  # what would decide an inconclusive row, at its differences
+            needed_text(test.plan, differs=bool(test.wins or test.losses), margin=test.margin, short=True)
+            if test and test.verdict == "inconclusive"
+            else MISSING
+        ),
+        "Δ vs full": arm.vs_full.value if arm is not None and arm.vs_full else math.nan,
+    }
+    return {prefix + name: value for name, value in values.items()}
 
 
 def problems_by_samples(cells: list[CellSummary]) -> str:
@@ -409,7 +452,7 @@ _CURVE_RUNS = f"""
 SELECT run_id, task, policy, policy_params, role, ratio FROM runs
 WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
   AND (ratio IS NOT NULL OR role = 'reference')
-  AND (? IS NULL OR task = ?)
+  AND list_contains(?, task)
 ORDER BY created, run_id
 """
 
@@ -431,21 +474,23 @@ def budget_curves(
     database: Path,
     model: str,
     protocol: str,
-    task: str | None = None,
+    tasks: tuple[str, ...] | None = None,
     runtime: str | None = None,
     seed: int | None = None,
     quantity: str = "score",
 ) -> pd.DataFrame:
-    """Score (or another of QUANTITIES) against compression ratio per arm, pooled over the tasks that have
-    it unless one is given, with 95% CIs.
+    """Score (or another of QUANTITIES) against compression ratio per arm, pooled over ``tasks`` (those
+    of them that have it; None: the first of curve_groups, never tasks of two kinds), with 95% CIs.
 
     An arm is a policy with its parameters: a policy run with two settings draws two lines, labelled by
     their parameters. The full cache has no ratio: it appears once, with ``ratio`` missing, to be drawn
     as a line over the same tasks as the curves.
     """
+    if tasks is None:
+        tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
     with connect(database) as con:
         runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-        found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, task, task]).fetchall()
+        found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, list(tasks)]).fetchall()
         runs = [_CurveRun(*row) for row in found]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
     runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
@@ -479,15 +524,28 @@ def budget_curves(
     )
 
 
-def tasks(database: Path, model: str, protocol: str) -> list[str]:
+def curve_groups(
+    database: Path, model: str, protocol: str, quantity: str = "score"
+) -> dict[str, tuple[str, ...]]:
+    """What a budget curve can pool, label -> tasks: the swept tasks (run at a ratio) of each kind of metric
+    pooled (where a kind has two or more; "all tasks" when every task is of one kind), then each alone."""
     with connect(database) as con:
-        return [
-            r[0]
-            for r in con.execute(
-                "SELECT DISTINCT task FROM runs WHERE model = ? AND protocol = ? ORDER BY 1",
-                [model, protocol],
-            ).fetchall()
-        ]
+        found = con.execute(
+            "SELECT task, any_value(spec->'task') FROM runs WHERE model = ? AND protocol = ? "
+            "AND ratio IS NOT NULL GROUP BY task ORDER BY task",
+            [model, protocol],
+        ).fetchall()
+    metrics = {
+        task: task_metric(TaskSpec.model_validate(json.loads(spec)), QUANTITIES[quantity])
+        for task, spec in found
+    }
+    by_kind = {label: tasks for label, tasks in pools(metrics, metrics).items() if len(tasks) > 1}
+    groups = {
+        ("all tasks" if len(by_kind) == 1 and len(tasks) == len(metrics) else f"{label} tasks")
+        + f", pooled ({len(tasks)})": tuple(tasks)
+        for label, tasks in by_kind.items()
+    }
+    return groups | {task: (task,) for task in metrics}
 
 
 _BENCH = """
@@ -506,7 +564,7 @@ _DECODE_ONLY = "SELECT *, 'decode' AS kind, 'hf' AS adapter, NULL::JSON AS detai
 
 def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame:
     """The newest `kvbench bench decode` and `bench serve` row per policy and adapter for the model, beside
-    the policy's average score."""
+    the policy's average score where the table has one (its tasks of one kind of metric)."""
     with connect(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
@@ -515,7 +573,7 @@ def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame
                                              "WHERE table_name = 'bench'").fetchall()}  # fmt: skip
         source = "SELECT * FROM bench" if "kind" in columns else _DECODE_ONLY
         bench = con.execute(_BENCH.format(bench=source), [model]).df()
-    if bench.empty or scores.empty:
+    if bench.empty or "average" not in scores:  # no average: the table's tasks are of two kinds
         return bench
     return bench.merge(scores[["policy", "average"]].drop_duplicates("policy"), on="policy", how="left")
 

@@ -1,4 +1,4 @@
-"""The Retention view: what each policy's caches kept at their last eviction event, the null beside it.
+"""The Retention view: what each policy's caches kept at their last eviction event, below the null's.
 
 Every figure is read from the samples of the leaderboard table's runs (protocol.md, "Retention
 telemetry"): per-layer prompt survival and cross-head coverage, survival by age, and for the needle probes
@@ -65,7 +65,8 @@ def retention_figures(database: Path, run_ids: list[str]) -> pd.DataFrame:
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per policy: each figure reduced to one number, and the null's value beside it."""
+    """One row per policy, each figure reduced to one number: the null's row first, to read each policy's
+    against it, then the policies, then the full cache."""
     table = []
     for (policy, role), part in rows.groupby(["policy", "role"], sort=True):
         row: dict[str, object] = {"policy": _label(policy, role), "role": role}
@@ -76,11 +77,9 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
             row[column] = values["value"].mean() if not values.empty else None
         table.append(row)
     frame = pd.DataFrame(table, columns=["policy", "role", *SUMMARY.values()])
-    null = frame[frame["role"] == Role.NULL]
-    for column in SUMMARY.values():
-        frame[f"{column} (null)"] = null[column].iloc[0] if len(null) else None
-    order = [c for column in SUMMARY.values() for c in (column, f"{column} (null)")]
-    return frame[["policy", *order]]
+    first = {Role.NULL: 0, Role.POLICY: 1, Role.REFERENCE: 2}
+    frame = frame.sort_values("role", key=lambda r: r.map(first), kind="stable")
+    return frame[["policy", *SUMMARY.values()]].reset_index(drop=True)
 
 
 def figure(rows: pd.DataFrame, name: str, title: str, x_title: str, y_title: str) -> go.Figure:
@@ -113,10 +112,14 @@ def retention_view(query, table: Table) -> None:
             "(the full cache, or traces shorter than K + B)."
         )
         return
-    st.dataframe(summary(rows), hide_index=True, placeholder=MISSING, key="retention_table")
+    numbers = {c: st.column_config.NumberColumn(format="%.3f") for c in SUMMARY.values()}
+    st.dataframe(
+        summary(rows), hide_index=True, placeholder=MISSING, key="retention_table", column_config=numbers
+    )
     st.caption(
         "After each sample's last eviction event, averaged over layers and over the samples of every task "
-        "in the table; kept (newest tenth): the kept share of the newest tenth of the candidates."
+        "in the table, the null's row first; kept (newest tenth): the kept share of the newest tenth of the "
+        "candidates."
     )
     for name, (title, x_title, y_title) in FIGURES.items():
         if (rows["figure"] == name).any():

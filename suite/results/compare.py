@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import SpecError
-from kvbench.results.comparison import NO_BASELINE, ArmResult, StoredRun, compare_table, stored_runs
+from kvbench.results.comparison import (
+    NO_BASELINE,
+    ArmResult,
+    StoredRun,
+    compare_table,
+    stored_runs,
+    task_metrics,
+)
 from kvbench.results.stats import ALPHA, MAX_PROBLEMS, POWER, Estimate, PowerPlan
 from kvbench.results.summary import CellSummary, summarize
+from kvbench.specs.metric_kind import refuse_mixed_pool
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import reading
 
@@ -93,15 +101,16 @@ def compare(database: Path, filters: Filters) -> list[dict]:
         runs = stored_runs(con, model=filters.model, protocol=filters.protocol)
         summaries = summarize(con, [r.run_id for r in runs], filters.quantity)
     runs = [r for r in runs if filters.seed is None or r.seed == filters.seed]
-    stored = {r.task for r in runs}
+    metrics = task_metrics(runs, filters.quantity)
     for name, tasks in filters.pools:
-        missing = [t for t in tasks if t not in stored]
+        missing = [t for t in tasks if t not in metrics]
         if missing:
             raise SpecError(
                 f"pool {name!r}: no stored runs of task(s) {', '.join(missing)}"
                 + (f" for model {filters.model!r}" if filters.model else "")
-                + f"; tasks with stored runs: {', '.join(sorted(stored)) or 'none'}"
+                + f"; tasks with stored runs: {', '.join(sorted(metrics)) or 'none'}"
             )
+        refuse_mixed_pool(f"--pool {name}={','.join(tasks)}", {t: metrics[t] for t in tasks})
     rows = _per_task(runs, summaries, filters)
     for name, tasks in filters.pools:
         if filters.task is None or filters.task in (name, *tasks):
@@ -117,17 +126,39 @@ def _tables(runs: list[StoredRun], key) -> dict[tuple, list[StoredRun]]:
     return {table: [r for r in members if key(r) == table] for table in dict.fromkeys(map(key, ordered))}
 
 
+@dataclass(frozen=True)
+class TaskTable:
+    """One table of `kvbench compare`'s default: the arms of one task at one budget, Holm-corrected
+    together. The leaderboard's per-task verdicts are these tables', so the two say the same."""
+
+    context: tuple[str, str, str, str, int]
+    """(model, task, protocol, runtime, seed)."""
+    budget: int | None
+    ratio: float | None
+    arms: list[ArmResult]
+    """Every arm of the table, the baseline and the full cache included."""
+
+
+def task_tables(runs: list[StoredRun], summaries: dict[str, CellSummary], against: str) -> list[TaskTable]:
+    """Every (model, task, protocol, runtime, seed, budget) table of ``runs``, each compared against the
+    arm of policy ``against``."""
+    tables = []
+    for (context, budget), members in _tables(runs, key=lambda r: (r.context, r.budget)).items():
+        references = [r for r in runs if r.role == Role.REFERENCE and r.context == context]
+        arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=against)
+        tables.append(TaskTable(context, budget, members[0].ratio, arms))
+    return tables
+
+
 def _per_task(runs: list[StoredRun], summaries: dict[str, CellSummary], filters: Filters) -> list[dict]:
     runs = [r for r in runs if filters.task is None or r.task == filters.task]
     rows: list[dict] = []
-    for (context, budget), members in _tables(runs, key=lambda r: (r.context, r.budget)).items():
-        if filters.budget is not None and budget != filters.budget:
+    for table in task_tables(runs, summaries, filters.against):
+        if filters.budget is not None and table.budget != filters.budget:
             continue
-        references = [r for r in runs if r.role == Role.REFERENCE and r.context == context]
-        arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=filters.against)
         rows += [
-            arm_row(context, budget, members[0].ratio, arm, pooled=False)
-            for arm in _sorted(arms, filters.against)
+            arm_row(table.context, table.budget, table.ratio, arm, pooled=False)
+            for arm in _sorted(table.arms, filters.against)
         ]
     return rows
 

@@ -29,7 +29,8 @@ from kvbench.results.stats import (
     pool,
 )
 from kvbench.results.stats import verdicts as holm_verdicts
-from kvbench.results.summary import CellSummary, most_complete
+from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
+from kvbench.specs.metric_kind import Metric, task_metric
 from kvbench.specs.resolved import ResolvedSpec, Role
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
@@ -104,6 +105,12 @@ def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
     for run in runs:
         ran.setdefault(run.arm, set()).add(run.task)
     return sorted(set.intersection(*ran.values())) if ran else []
+
+
+def task_metrics(runs: Sequence[StoredRun], quantity: str = "score") -> dict[str, Metric]:
+    """Task -> the metric its problem scores under ``quantity`` are means of (kvbench.specs.metric_kind):
+    what decides which tasks a score may pool."""
+    return {run.task: task_metric(run.spec.task, QUANTITIES[quantity]) for run in runs}
 
 
 def k_over_n_avg(runs: Sequence[StoredRun]) -> float:

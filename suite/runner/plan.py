@@ -21,6 +21,7 @@ from kvbench.graders.registry import sandboxed
 from kvbench.registry import make_policy, parse_policy_arg, policy_record
 from kvbench.runner.sources import resolved_task, task_source
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
+from kvbench.specs.metric_kind import refuse_mixed_pool, task_metric
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
 from kvbench.specs.resolved import ResolvedSpec, Role, digest
@@ -318,6 +319,10 @@ def plan(request: RunRequest) -> list[Cell]:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
     tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
+    if not request.tasks:  # the suite's groups are pooled after its run: refused now, not after it
+        metrics = {listed: task_metric(task) for listed, task in zip(suite.tasks, tasks, strict=True)}
+        for name, members in suite.groups.items():
+            refuse_mixed_pool(f"suite {suite.name!r}, group {name!r},", {t: metrics[t] for t in members})
     _check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}

@@ -48,17 +48,23 @@ def test_per_task_and_pooled_differences_match_sql(board_db: Path, monkeypatch) 
     rows = {r["task"]: r for r in frame(app, "Head-to-head").to_dict("records")}
     scores = sql_scores(board_db, 2.0)
     snap, null = scores["snapkv"], scores["random"]
-    assert set(rows) == {"fidelity", "passkey", "pooled (2 tasks)"}
+    assert set(rows) == {"fidelity", "passkey"}  # two kinds of metric: no pooled row
     for task in ("fidelity", "passkey"):
         check(rows[task], expected_row(snap[task], null[task]))
-    pooled = {(t, p): v for t in ("fidelity", "passkey") for p, v in snap[t].items()}
-    pooled_null = {(t, p): v for t in ("fidelity", "passkey") for p, v in null[t].items()}
-    check(rows["pooled (2 tasks)"], expected_row(pooled, pooled_null))
     # Holm across the two tasks: the smaller p doubled, the larger at least that
     ps = sorted(rows[t]["p (sign test)"] for t in ("fidelity", "passkey"))
     holm = sorted(rows[t]["p (Holm, tasks)"] for t in ("fidelity", "passkey"))
     assert holm == pytest.approx([min(1.0, 2 * ps[0]), min(1.0, max(2 * ps[0], ps[1]))])
-    # the same pooled comparison as the leaderboard's Δ vs null and W/T/L
+    # gsm8k and gpqa-diamond are both pass/fail: pooled, as the leaderboard's pooled Δ vs null and W/T/L
+    app = open_app(
+        board_db, monkeypatch, url={"compression": "K384", "pair_a": "snapkv", "pair_b": "random (null)"}
+    )
+    rows = {r["task"]: r for r in frame(app, "Head-to-head").to_dict("records")}
+    scores = sql_scores(board_db, None, 384)
+    graded = ("gsm8k", "gpqa-diamond")
+    pooled = {(t, p): v for t in graded for p, v in scores["snapkv"][t].items()}
+    pooled_null = {(t, p): v for t in graded for p, v in scores["random"][t].items()}
+    check(rows["pooled (2 tasks)"], expected_row(pooled, pooled_null))
     table = {r["policy"]: r for r in frame(app, "Leaderboard").to_dict("records")}
     assert rows["pooled (2 tasks)"]["Δ (A − B)"] == pytest.approx(table["snapkv"]["Δ vs null"])
     assert rows["pooled (2 tasks)"]["W/T/L"] == table["snapkv"]["W/T/L"]
@@ -77,12 +83,13 @@ def test_the_per_problem_table_has_both_scores_and_the_outcome(board_db: Path, m
 
 
 def test_the_chart_draws_each_task_and_the_pool_with_its_interval(board_db: Path, monkeypatch) -> None:
-    app = open_app(board_db, monkeypatch, url={"pair_a": "snapkv", "pair_b": "random (null)"})
+    url = {"compression": "K384", "pair_a": "snapkv", "pair_b": "random (null)"}
+    app = open_app(board_db, monkeypatch, url=url)
     rows = frame(app, "Head-to-head").set_index("task")
     traces = chart_traces(app, "Head-to-head")
     assert set(traces) == {"per task", "pooled"}
     per_task = dict(zip(traces["per task"]["y"], traces["per task"]["x"], strict=True))
-    assert per_task == pytest.approx(rows.loc[["fidelity", "passkey"], "Δ (A − B)"].to_dict())
+    assert per_task == pytest.approx(rows.loc[["gpqa-diamond", "gsm8k"], "Δ (A − B)"].to_dict())
     (pooled_x,) = traces["pooled"]["x"]
     (upper,) = traces["pooled"]["error_x"]["array"]
     low, high = (float(x) for x in rows.loc["pooled (2 tasks)", "95% CI"].strip("[]").split(", "))

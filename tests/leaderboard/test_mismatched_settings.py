@@ -1,5 +1,5 @@
 """An arm on other problems than the null is named by its setting: a policy with two parameter settings
-marks only the setting that ran other problems, and each mismatched setting keeps its own sentence."""
+marks only the setting that ran other problems, and each mismatched setting keeps its own phrase."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _store(path: Path) -> None:
         con.close()
 
 
-def test_only_the_settings_on_other_problems_are_marked_each_with_its_sentence(tmp_path: Path) -> None:
+def test_only_the_settings_on_other_problems_are_marked_each_with_its_phrase(tmp_path: Path) -> None:
     database = tmp_path / "settings.duckdb"
     _store(database)
     table = leaderboard(database, "synthetic", "protect-prompt", Compression(4.0, None))
@@ -64,8 +64,6 @@ def test_only_the_settings_on_other_problems_are_marked_each_with_its_sentence(t
         (4, "6 × 1 ≠ null"),
     }
     assert sorted(table.mismatched) == [
-        "streaming (window=3) scored 4 problems and the null 10: its cells average its own, while Δ vs "
-        "null, W/T/L and the verdict pair the 4 both ran",
-        "streaming (window=4) scored 6 problems and the null 10: its cells average its own, while Δ vs "
-        "null, W/T/L and the verdict pair the 6 both ran",
+        "streaming (window=3) scored 4 problems, the null 10, both 4",
+        "streaming (window=4) scored 6 problems, the null 10, both 6",
     ]

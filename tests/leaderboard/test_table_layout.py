@@ -50,8 +50,8 @@ def test_an_arm_on_fewer_problems_than_the_null_is_marked(one_ratio_db: Path, mo
     assert " ± " in table["snapkv"]["fidelity"]
     (warning,) = [w.value for w in tab(app, "Leaderboard").warning]
     assert warning == (
-        "h2o scored 1 problems and the null 2: its cells average its own, while Δ vs null, W/T/L and the "
-        "verdict pair the 1 both ran."
+        "Marked ≠ null: h2o scored 1 problems, the null 2, both 1. Their cells average their own problems, "
+        "while Δ vs null, W/T/L and the verdicts pair the problems both ran."
     )
     assert (
         table["h2o"]["W/T/L"].count("/") == 2 and sum(int(x) for x in table["h2o"]["W/T/L"].split("/")) == 1
