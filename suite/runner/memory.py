@@ -247,7 +247,7 @@ def plan_memory(cells: Sequence[Cell], facts: DeviceFacts, limits: MemoryLimits)
             refused.append(_refusal(need, device or 0, source))
             continue
         batches = math.ceil(cell.samples / fits[0])
-        batch = math.ceil(cell.samples / batches)  # balanced: 16 samples at 6 run as 6, 5, 5
+        batch = math.ceil(cell.samples / batches)  # balanced: 16 samples at most 6 at once run as 5, 5, 6
         slots, budget = need.slots
         arms.append(
             ArmPlan(
