@@ -27,8 +27,8 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
         help="at most this many samples of a problem decode at once (default: as many as the memory holds)",
     )
     group.add_argument(
-        "--device-memory",
         "--gpu-memory",
+        "--device-memory",
         dest="device_memory",
         metavar="SIZE",
         help="memory the plan may fill, e.g. 80GB (10^9 bytes) or 75GiB (2^30) (default: on CUDA the "
@@ -42,7 +42,6 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--prompt-tokens",
         type=int,
-        default=PROMPT_TOKENS,
         help=f"with --plan-only: the prompt length to plan for (default: {PROMPT_TOKENS}; a run plans "
         "with each task's longest prompt)",
     )
@@ -51,15 +50,32 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
 def memory_limits(args: argparse.Namespace) -> MemoryLimits:
     """The flags as the planner's limits, refused with the flag's name when malformed."""
     from kvbench.errors import SpecError
-    from kvbench.runner.memory import MemoryLimits, device_memory
+    from kvbench.runner.memory import MemoryLimits
 
     if args.max_batch is not None and args.max_batch < 1:
         raise SpecError(f"--max-batch {args.max_batch}: give at least 1 sample")
-    if args.prompt_tokens < 1:
+    if args.prompt_tokens is not None and not args.plan_only:
+        raise SpecError("--prompt-tokens is for --plan-only: a run plans with each task's longest prompt")
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise SpecError(f"--prompt-tokens {args.prompt_tokens}: give at least 1 token")
-    size = None if args.device_memory is None else device_memory(args.device_memory)
-    source = "" if size is None else f"--device-memory {args.device_memory}"
+    size = None if args.device_memory is None else _size(args.device_memory)
+    source = "" if size is None else f"--gpu-memory {args.device_memory}"
     return MemoryLimits(max_batch=args.max_batch, device_memory=size, source=source)
+
+
+def _size(text: str) -> int:
+    """``--gpu-memory`` in bytes: 80GB (10^9), 75GiB (2^30), or plain bytes (pydantic's ByteSize)."""
+    import pydantic
+
+    from kvbench.errors import SpecError
+
+    try:
+        size = int(pydantic.TypeAdapter(pydantic.ByteSize).validate_python(text))
+    except pydantic.ValidationError:
+        size = 0
+    if size <= 0:
+        raise SpecError(f"--gpu-memory {text!r}: give a size such as 80GB (10^9 bytes) or 75GiB (2^30 bytes)")
+    return size
 
 
 def plan_only(cells: Sequence[Cell], limits: MemoryLimits, prompt_tokens: int) -> int:
@@ -80,7 +96,7 @@ def plan_only(cells: Sequence[Cell], limits: MemoryLimits, prompt_tokens: int) -
         if runtime.device_kind == "cuda" and free is None and limits.device_memory is None:
             raise SpecError(
                 f"--plan-only --device {runtime.device}: torch sees no CUDA device here to read its free "
-                "memory from; give the device's memory with --device-memory (e.g. 80GB)"
+                "memory from; give the device's memory with --gpu-memory (e.g. 80GB)"
             )
         generating = [c for c in group if not task_source(c.task).teacher_forced]
         facts = DeviceFacts(

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from kvbench.commands.common import add_threads_argument, console, output_file, output_folder, use_threads
-from kvbench.commands.memory import add_memory_arguments, memory_limits, plan_only, print_plan
+from kvbench.commands.memory import (
+    PROMPT_TOKENS,
+    add_memory_arguments,
+    memory_limits,
+    plan_only,
+    print_plan,
+)
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -181,7 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cells = plan(run_request(args))
     if args.plan_only:
-        return plan_only(cells, limits, args.prompt_tokens)
+        return plan_only(cells, limits, args.prompt_tokens or PROMPT_TOKENS)
     executor: Executor | None = None  # this process
     if args.executor == "ray":
         from kvbench.runner.ray_executor import RayExecutor, RayOptions

@@ -59,10 +59,10 @@ class MemoryLimits:
     max_batch: int | None = None
     """At most this many samples of a problem decode at once (``--max-batch``)."""
     device_memory: int | None = None
-    """Bytes the plan may fill (``--device-memory``); None: the device's free memory on CUDA, no limit
+    """Bytes the plan may fill (``--gpu-memory``); None: the device's free memory on CUDA, no limit
     on CPU."""
     source: str = ""
-    """How ``device_memory`` was given, for the printed plan (``--device-memory 80GB``)."""
+    """How ``device_memory`` was given, for the printed plan (``--gpu-memory 80GB``)."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class ArmPlan:
 class MemoryPlan:
     shape: ModelShape
     device: int | None
-    """The bytes the plan may fill; None: no limit (CPU without --device-memory)."""
+    """The bytes the plan may fill; None: no limit (CPU without --gpu-memory)."""
     device_source: str
     max_batch: int | None
     arms: tuple[ArmPlan, ...]
@@ -308,18 +308,3 @@ def _most_tokens(need: _Need, device: int) -> int:
         else:
             high = middle - 1
     return low
-
-
-def device_memory(text: str) -> int:
-    """``--device-memory`` as bytes: 80GB (10^9), 75GiB (2^30), or plain bytes."""
-    import pydantic
-
-    try:
-        size = int(pydantic.TypeAdapter(pydantic.ByteSize).validate_python(text))
-    except pydantic.ValidationError:
-        size = 0
-    if size <= 0:
-        from kvbench.errors import SpecError
-
-        raise SpecError(f"--device-memory {text!r}: give a size such as 80GB (10^9 bytes) or 75GiB (2^30)")
-    return size

@@ -210,7 +210,7 @@ def test_the_plan_for_qwen3_8b_16_samples_of_32k_tokens_on_80_gb(tmp_path: Path)
     # 36 layers × 8 KV heads × 128 × (key, value) × 2 bytes: the issue's 77 GB for 16 × 32k tokens
     assert "KV 147,456 bytes per token" in text and 16 * 32768 * 147_456 == 77_309_411_328
     assert f"weights {decimal(parameters(config) * 2)} ({parameters(config):,} parameters × 2 bytes)" in text
-    assert "(80.0 GB: --device-memory 80GB)" in text
+    assert "(80.0 GB: --gpu-memory 80GB)" in text
 
     full = Planned(config, 2, prompt=512, budget=None, buffer=64)
     assert full.total(16, 32768) > 80e9  # all 16 at once do not fit
@@ -247,9 +247,7 @@ def test_one_sample_that_cannot_fit_is_refused_with_the_numbers_and_the_fix(tmp_
         f"({decimal(parameters(config) * 2)} of weights + {decimal(full.cache(32768))} of cache" in message
     )
     assert f"{full.slots(32768):,} slots per layer and KV head" in message
-    assert (
-        f"over the 20.0 GB of the device (--device-memory 20GB): --max-new-tokens {fitting:,} fits" in message
-    )
+    assert f"over the 20.0 GB of the device (--gpu-memory 20GB): --max-new-tokens {fitting:,} fits" in message
     assert "streaming" not in message  # the evicting arms fit: only the full cache is named
 
     weights_only = kvbench(*PLAN_8B, "--model", _local_spec(tmp_path), "--gpu-memory", "16GB")
@@ -281,10 +279,10 @@ def test_a_device_that_holds_two_samples_runs_pairs_and_prints_its_plan(tmp_path
     full = Planned(config, 4, prompt=prompt, budget=None, buffer=8)
     device = full.total(2, 48) + 1  # two of the full cache's samples, not three
     assert full.total(3, 48) > device
-    paired = kvbench(*common, "--out", str(tmp_path / "paired"), "--device-memory", str(device))
+    paired = kvbench(*common, "--out", str(tmp_path / "paired"), "--gpu-memory", str(device))
     assert paired.returncode == 0, paired.stderr
     text = " ".join(paired.stdout.split())
-    assert f"memory plan: tiny-qwen3 in float32 ({decimal(device)}: --device-memory {device})" in text
+    assert f"memory plan: tiny-qwen3 in float32 ({decimal(device)}: --gpu-memory {device})" in text
     rows = table(paired.stdout)
     assert rows["tiny-qwen3/gsm8k/full@K=32"][:6] == [
         f"{prompt}+48",
@@ -366,3 +364,20 @@ def test_the_planned_slots_are_what_the_caches_buffers_reach(
         assert (budget is None) == (cell.role == "reference")
     full = next(c for c in cells if c.role == "reference")
     assert cache_slots(full, backend.shape, len(prompt), 48)[0] == full_cache_slots(len(prompt), 48, 16)
+
+
+@pytest.mark.parametrize("fixture", ["tiny", "smol"])
+def test_a_models_shape_from_its_config_is_the_loaded_models(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """What --plan-only reads without weights (the random Qwen3's settings; the GGUF file's metadata,
+    SmolLM2-135M's 134,515,008 parameters with tied embeddings) is the loaded model's."""
+    from kvbench.adapters.hf.models import model_shape
+
+    loaded = request.getfixturevalue(fixture)
+    shape = HFBackend(loaded).shape
+    assert model_shape(loaded.spec) == shape
+    assert shape.parameters == sum(p.numel() for p in loaded.model.parameters())
+    if fixture == "smol":
+        assert shape.parameters == 134_515_008
+        assert shape.kv_bytes_per_token == 30 * 3 * 64 * 2 * 4
