@@ -81,6 +81,35 @@ class KVBudget:
     """One token's cost in the model's precision."""
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What a model's memory depends on, read from its config (no weights needed): the memory plan's input
+    (kvbench.runner.memory)."""
+
+    name: str
+    dtype: str
+    """The weights' and the cache's dtype, as the model spec names it (``bfloat16``)."""
+    dtype_bytes: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    parameters: int
+    """Every parameter once (tied embeddings count once)."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One token's keys and values in every layer and KV head: layers × Hkv × D × 2 × dtype bytes."""
+        return self.layers * self.kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.parameters * self.dtype_bytes
+
+
 @dataclass
 class Generation:
     samples: list[Sample]
@@ -210,6 +239,10 @@ class Adapter(Protocol):
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> Backend:
         """Load a model spec (its dtype included) onto ``device``; ``progress`` allows progress bars."""
         ...
+
+    # Optional: ``shape(spec) -> ModelShape`` reads a model's config without its weights, for a memory plan
+    # before anything loads (``kvbench run --plan-only``); a loaded backend may offer ``shape`` too. An
+    # adapter without it (vllm: the engine plans its own memory) runs every problem's samples at once.
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvbench.adapters.base import Capabilities, Generation, Sampling, TeacherForced, Watch
+from kvbench.adapters.base import Capabilities, Generation, ModelShape, Sampling, TeacherForced, Watch
 from kvbench.adapters.hf.models import LoadedModel
 from kvbench.core.contract import NEEDS, ModelFacts, Policy
 from kvbench.core.engine import PinnedSlots
@@ -22,6 +22,14 @@ class HFBackend:
         from kvbench.adapters.hf.teacher import FullCacheMemo
 
         self._full_cache_memo = FullCacheMemo()  # the last problem's full-cache predictions
+
+    @property
+    def shape(self) -> ModelShape:
+        """The loaded model's shape, its parameters counted as loaded (the memory plan's input)."""
+        from kvbench.adapters.hf.models import shape_of
+
+        network = self.loaded.model
+        return shape_of(self.loaded.spec, network.config, sum(p.numel() for p in network.parameters()))
 
     def encode(self, text: str) -> list[int]:
         return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -112,6 +120,12 @@ class HFAdapter:
 
     def identity(self) -> dict[str, str]:
         return {}
+
+    def shape(self, spec: Any) -> ModelShape:
+        """The spec's model shape from its config alone (kvbench.runner.memory plans with it)."""
+        from kvbench.adapters.hf.models import model_shape
+
+        return model_shape(spec)
 
     def load(self, spec: Any, *, device: str, attention: str, progress: bool = True) -> HFBackend:
         from kvbench.adapters.hf.models import check_transformers, load_model

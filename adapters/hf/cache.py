@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.adapters.base import KVBudget
 from kvbench.core.contract import Policy
 from kvbench.core.engine import Evictor, PinnedSlots
-from kvbench.core.layer_kv import LayerKV
+from kvbench.core.layer_kv import LayerKV, first_capacity
 from kvbench.core.mixed_kv import MixedLayerKV, Slots
 from kvbench.core.precision import TokenCost, footprint
 from kvbench.core.schedule import Schedule
@@ -233,12 +233,9 @@ def make_cache(
             f"functions record; the model runs {loaded.model.config._attn_implementation!r}: load it with "
             "kvbench.adapters.hf.models.load_model"
         )
-    # An evicting cache never holds more than K + B slots (or the prompt and B more). A full one grows
-    # geometrically past its first 4096 tokens rather than reserve a whole 32k-token reasoning trace.
-    if policy.evicts and total_tokens > schedule.budget:
-        capacity = max(schedule.budget + schedule.buffer, prompt_len + schedule.buffer)
-    else:
-        capacity = min(total_tokens, prompt_len + 4096)
+    # An evicting cache reserves the most it will hold; a full one its prompt and 4096 more, then grows
+    evicting = policy.evicts and total_tokens > schedule.budget
+    capacity = first_capacity(prompt_len, total_tokens, schedule.most_slots(prompt_len) if evicting else None)
     window = max(policy.query_window, 1) if "queries" in policy.needs else 0
     cache = EvictingCache(evictor, capacity=capacity, query_window=window)
     per_head = footprint(schedule.budget, schedule.buffer, cost, schedule.precision)

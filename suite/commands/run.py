@@ -19,6 +19,13 @@ from kvbench.commands.common import (
     use_threads,
     warn_if_busy,
 )
+from kvbench.commands.memory import (
+    PROMPT_TOKENS,
+    add_memory_arguments,
+    memory_limits,
+    plan_only,
+    print_plan,
+)
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -100,6 +107,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="Ray: replicas write shards into --out, which every node reaches (shared), or return rows",
     )
     add_threads_argument(run)
+    add_memory_arguments(run)
     run.add_argument("--json", type=Path, help="also write the final table to this file")
     add_wide_argument(run)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -181,10 +189,13 @@ def run_command(args: argparse.Namespace) -> int:
 
         raise SpecError("--threads sets this process's threads; a Ray replica's are --ray-cpus-per-worker")
     use_threads(args.threads)
+    limits = memory_limits(args)
     if args.json:
         output_file(args.json, "--json")
     started = time.perf_counter()
     cells = plan(run_request(args))
+    if args.plan_only:
+        return plan_only(cells, limits, args.prompt_tokens or PROMPT_TOKENS)
     executor: Executor | None = None  # this process
     if args.executor == "ray":
         from kvbench.runner.ray_executor import RayExecutor, RayOptions
@@ -199,7 +210,9 @@ def run_command(args: argparse.Namespace) -> int:
         executor = RayExecutor(args.out, options)
     if executor is None:  # Ray's replicas have their own threads (--ray-cpus-per-worker)
         warn_if_busy(args.threads, args.device)
-    completed = run_cells(cells, args.out, executor, progress=not args.quiet)
+    completed = run_cells(
+        cells, args.out, executor, progress=not args.quiet, memory=limits, show_plan=print_plan
+    )
     cells, timings = completed.cells, completed.timings
     ingest_started = time.perf_counter()
     report = ingest(args.out)

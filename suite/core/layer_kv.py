@@ -113,6 +113,25 @@ class LayerKV:
         return new
 
 
+FIRST_RESERVE = 4096
+"""Slots past the prompt that a cache which never evicts reserves first: it grows geometrically from there
+rather than reserve a whole 32k-token reasoning trace that most samples never reach."""
+
+
+def first_capacity(prompt_len: int, total_tokens: int, limit: int | None) -> int:
+    """Slots one sequence's cache reserves before its prefill: ``limit``, the most an evicting cache ever
+    holds, else the prompt and FIRST_RESERVE more (never past ``total_tokens``)."""
+    return limit if limit is not None else min(total_tokens, prompt_len + FIRST_RESERVE)
+
+
+def grown_capacity(capacity: int, needed: int) -> int:
+    """The capacity a LayerKV reserved at ``capacity`` reaches once it holds ``needed`` slots, one token
+    appended at a time: ``append`` doubles it whenever it runs out."""
+    while capacity < needed:
+        capacity = max(capacity + 1, 2 * capacity)
+    return capacity
+
+
 def _grown(buffer: Tensor, capacity: int, live: int) -> Tensor:
     bigger = buffer.new_empty((*buffer.shape[:2], capacity, *buffer.shape[3:]))
     bigger[:, :, :live] = buffer[:, :, :live]

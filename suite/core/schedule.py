@@ -80,6 +80,11 @@ class Schedule:
         """Whether a cache of ``length`` slots evicts now (checked after every step)."""
         return length > self.budget and self.on_phase(length)
 
+    def most_slots(self, prompt_len: int) -> int:
+        """The most slots an evicting cache holds: K + B, or the prompt and B more where a prompt longer
+        than K waits for its first event."""
+        return max(self.budget, prompt_len) + self.buffer
+
     def protected_prefix(self, prompt_len: int) -> ProtectedPrefix:
         """The protected leading positions for a prompt of ``prompt_len`` tokens."""
         requested = {"prompt": prompt_len, "sinks": self.sinks, "none": 0}[self.protection]

@@ -14,6 +14,7 @@ from kvbench.errors import BudgetError
 from kvbench.graders.registry import Grader, make_grader
 from kvbench.provenance import provenance
 from kvbench.runner.executor import Prepared, Unit, UnitResult
+from kvbench.runner.memory import DeviceFacts, free_memory
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import task_source
 from kvbench.store.records import SampleRecord
@@ -38,26 +39,34 @@ class Graders(dict[str, Grader]):
             grader.close()
 
 
-def score_unit(cell: Cell, backend: Backend, problem, calibration, graders: Graders) -> list[SampleRecord]:
-    """The sample rows of one unit of work: one problem of one cell, its samples decoded as one batch."""
+def score_unit(
+    cell: Cell, backend: Backend, problem, calibration, graders: Graders, batch: int | None = None
+) -> list[SampleRecord]:
+    """The sample rows of one unit of work: one problem of one cell, its samples decoded at most ``batch``
+    at a time (None: all at once)."""
     seeds = [
         sample_seed(cell.protocol.seed, cell.task.name, problem.problem_id, s) for s in range(cell.samples)
     ]
-    return task_source(cell.task).score(cell, backend, problem, seeds, calibration, graders)
+    return task_source(cell.task).score(cell, backend, problem, seeds, calibration, graders, batch)
 
 
 class Replica:
     """One model loaded, with what scoring its units needs: its problems by task, graders, calibration."""
 
     def __init__(self, model: Any, runtime: Any, *, progress: bool = True) -> None:
+        adapter = find_adapter(runtime.adapter)
+        # the memory plan's device, read before the weights take theirs; only for an adapter kvbench plans
+        # for (vllm plans its own, and its engine starts CUDA in processes of its own)
+        self.free = free_memory(runtime.device) if hasattr(adapter, "shape") else None
         started = time.perf_counter()
-        load = find_adapter(runtime.adapter).load
+        load = adapter.load
         self.backend = load(model, device=runtime.device, attention=runtime.attention, progress=progress)
         self.load_seconds = time.perf_counter() - started
         self.key = (model, runtime)
         self.graders = Graders()
         self.calibration: Any = None  # the model's query statistics, computed once if a policy needs them
         self.problems: dict[tuple[str, int | None, str | None], dict[str, Any]] = {}
+        self.longest: dict[tuple[str, int | None, str | None], int] = {}  # by the problems' key
 
     def _problems(self, cell: Cell) -> dict[str, Any]:
         key = (cell.task.name, cell.limit, cell.data)
@@ -71,10 +80,13 @@ class Replica:
         pending budget is checked once settled)."""
         problems = {c.run_id: list(self._problems(c).values()) for c in cells}
         for cell in cells:
-            if cell.pending is not None or not cell.policy.evicts:
+            checked = cell.pending is None and cell.policy.evicts
+            if not checked and task_source(cell.task).teacher_forced:
+                continue  # neither refused for its prompts nor memory-planned
+            longest = self._longest(cell, problems[cell.run_id])
+            if not checked:
                 continue
             schedule = cell.schedule()
-            longest = max(len(p.encoded(self.backend)) for p in problems[cell.run_id])
             prefix = schedule.capped_prompt(longest)
             if prefix is not None:
                 raise BudgetError(
@@ -85,6 +97,24 @@ class Replica:
                 )
         return {name: [p.problem_id for p in found] for name, found in problems.items()}
 
+    def _longest(self, cell: Cell, problems: list) -> int:
+        """The cell's longest prompt in tokens, counted once per task (its cells share their problems)."""
+        key = (cell.task.name, cell.limit, cell.data)
+        if key not in self.longest:
+            self.longest[key] = max((len(p.encoded(self.backend)) for p in problems), default=0)
+        return self.longest[key]
+
+    def device_facts(self, cells: Sequence[Cell]) -> DeviceFacts:
+        """What the memory plan needs of this replica for prepared ``cells``: the model's shape, the
+        device's free memory before the model loaded, each generation cell's longest prompt."""
+        generating = [c for c in cells if not task_source(c.task).teacher_forced]
+        return DeviceFacts(
+            shape=getattr(self.backend, "shape", None),
+            device=self.key[1].device,
+            free=self.free,
+            prompt_tokens={c.run_id: self.longest[c.task.name, c.limit, c.data] for c in generating},
+        )
+
     def score(self, unit: Unit) -> UnitResult:
         """The unit's rows, timed."""
         cell, calibrating, needs = unit.cell, 0.0, "calibration" in unit.cell.policy.needs
@@ -94,7 +124,7 @@ class Replica:
             calibrating = time.perf_counter() - started
         calibration, problem = self.calibration if needs else None, self._problems(cell)[unit.problem_id]
         started = time.perf_counter()
-        rows = score_unit(cell, self.backend, problem, calibration, self.graders)
+        rows = score_unit(cell, self.backend, problem, calibration, self.graders, unit.batch)
         return UnitResult(
             unit,
             tuple(rows),
@@ -121,7 +151,8 @@ class LocalExecutor:
             self.close()
             self.loaded.append(Replica(*key, progress=self.progress))
             load = self.loaded[0].load_seconds
-        return Prepared(self.loaded[0].prepare(cells), provenance(key[1].device), load)
+        replica = self.loaded[0]
+        return Prepared(replica.prepare(cells), provenance(key[1].device), load, replica.device_facts(cells))
 
     def run(self, units: Sequence[Unit], status: Callable[[str], None]) -> Iterator[UnitResult]:
         for unit in units:

@@ -10,16 +10,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvbench.runner.memory import DeviceFacts
 from kvbench.runner.plan import Cell
 from kvbench.store.records import SampleRecord
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One problem of one cell, its samples decoded as one batch."""
+    """One problem of one cell, its samples decoded together (in micro-batches where memory asks)."""
 
     cell: Cell
     problem_id: str
+    batch: int | None = None
+    """At most this many of its samples decode at once (None: all), as the memory plan chose: a run
+    setting, never identity, since every sample's draws come from its own seed."""
 
     @property
     def cost(self) -> float:
@@ -49,6 +53,8 @@ class Prepared:
     provenance: dict[str, Any]
     """What a manifest records of the machine and executor."""
     load_seconds: float = 0.0
+    device: DeviceFacts | None = None
+    """What the memory plan needs of the replica (kvbench.runner.memory); None: no plan."""
 
 
 class Executor(Protocol):

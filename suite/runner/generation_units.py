@@ -1,4 +1,5 @@
-"""Scoring reasoning problems: the k samples decode as one batch under the policy, then each is graded.
+"""Scoring reasoning problems: the k samples decode under the policy, as one batch or in the micro-batches
+the memory plan chose (kvbench.runner.memory), then each is graded.
 
 Per sample: correct, strict (correct and finished before the cap), no answer, truncated, generated
 length, eviction count. A private task's output text is never stored; only its problem id and hash.
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kvbench.adapters.base import Backend, Sampling
 from kvbench.graders.registry import GraderVerdict
 from kvbench.runner.budgets import unit_fields
+from kvbench.runner.memory import micro_batches
 from kvbench.runner.plan import Cell
 from kvbench.runner.sources import TaskSource
 from kvbench.specs.task import TaskSpec
@@ -44,39 +46,43 @@ class HubSource(TaskSource):
         seeds: list[int],
         calibration: Any,
         graders: Graders,
+        batch: int | None = None,
     ) -> list[SampleRecord]:
         grader = graders[cell.task.grader]
-        started = time.perf_counter()
         settings = cell.protocol.sampling[cell.model.family]
         sampling = problem.sampling or Sampling(settings.temperature, settings.top_p, settings.top_k)
-        result = backend.generate(
-            problem.encoded(backend),
-            cell.policy,
-            cell.schedule(),
-            sample_seeds=seeds,
-            sampling=sampling,
-            max_new_tokens=cell.task.max_new_tokens,
-            calibration=calibration,
-            refuse_capped_prompt=True,
-            stop_strings=problem.stop,
-        )
-        seconds = (time.perf_counter() - started) / len(seeds)
-        shared = unit_fields(cell, problem.problem_id, result, seconds, len(seeds))
+        prompt = problem.encoded(backend)
         rows = []
-        for i, (seed, sample) in enumerate(zip(seeds, result.samples, strict=True)):
-            verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
-            rows.append(
-                SampleRecord(
-                    **shared,
-                    sample=i,
-                    seed=seed,
-                    finish_reason=sample.finish_reason,
-                    generated_tokens=sample.generated,
-                    evictions=sample.evictions,
-                    **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
-                    **(sample.retention.record_fields() if sample.retention is not None else {}),
-                )
+        for part in micro_batches(len(seeds), batch):
+            started = time.perf_counter()
+            result = backend.generate(
+                prompt,
+                cell.policy,
+                cell.schedule(),
+                sample_seeds=seeds[part.start : part.stop],
+                sampling=sampling,
+                max_new_tokens=cell.task.max_new_tokens,
+                calibration=calibration,
+                refuse_capped_prompt=True,
+                stop_strings=problem.stop,
             )
+            # timings and peak memory are this micro-batch's, shared among its rows
+            seconds = (time.perf_counter() - started) / len(part)
+            shared = unit_fields(cell, problem.problem_id, result, seconds, len(part))
+            for i, sample in zip(part, result.samples, strict=True):
+                verdict = grader.grade(sample.text, problem.gold, cell.task, thinking=cell.model.thinking)
+                rows.append(
+                    SampleRecord(
+                        **shared,
+                        sample=i,
+                        seed=seeds[i],
+                        finish_reason=sample.finish_reason,
+                        generated_tokens=sample.generated,
+                        evictions=sample.evictions,
+                        **graded_fields(verdict, sample.text, sample.finish_reason, cell.task),
+                        **(sample.retention.record_fields() if sample.retention is not None else {}),
+                    )
+                )
         return rows
 
 

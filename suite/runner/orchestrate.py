@@ -6,7 +6,7 @@ settled on its full arm's measured N_avg, checked and run; stored units are skip
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
+from kvbench.runner.memory import MemoryLimits, MemoryPlan, plan_memory
 from kvbench.runner.plan import Cell
 from kvbench.store.shards import ShardStore, read_manifest, read_records
 
@@ -61,18 +62,22 @@ def run_cells(
     *,
     progress: bool = True,
     only: Mapping[str, Collection[str]] | None = None,
+    memory: MemoryLimits | None = None,
+    show_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> Completed:
     """Run every cell on ``executor`` (default: this process), one model at a time; skip stored problems.
 
     Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
     ``only`` (run id -> problem ids) runs just those problems of a cell: `kvbench verify`'s subset.
+    Each model's generation cells are planned against the device's memory before their first token
+    (kvbench.runner.memory, bounded by ``memory``); ``show_plan`` sees a plan that bounds anything.
     """
     check_measurable(cells, out)
     if executor is None:
         from kvbench.runner.execute import LocalExecutor
 
         executor = LocalExecutor(progress=progress)
-    run = _Run(executor, out, only or {}, progress)
+    run = _Run(executor, out, only or {}, progress, memory or MemoryLimits(), show_plan)
     ran: dict[str, Cell] = {}
     try:
         for key in dict.fromkeys((c.model, c.runtime) for c in cells):
@@ -99,6 +104,8 @@ class _Run:
     out: Path
     only: Mapping[str, Collection[str]]
     progress: bool
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
+    show_plan: Callable[[MemoryPlan], None] | None = None
     timings: Timings = field(default_factory=Timings)
     lines: bool = False
     eta: Eta = field(default_factory=lambda: Eta([]))
@@ -109,6 +116,8 @@ class _Run:
         """One model's cells, ready ones first, then settled ones; planned run id -> the cell as it ran."""
         prepared = self.executor.prepare(cells)
         self.timings.model_load += prepared.load_seconds
+        ready = [c for c in cells if c.pending is None]
+        plan = self._plan(ready, prepared)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         # piped to a file, a live bar shows nothing for the whole run: one line per finished unit instead
         self.lines = self.progress and not Console().is_terminal
@@ -120,12 +129,13 @@ class _Run:
             self.computing = 0.0
             total = sum(len(problems) for _, problems in chosen)
             shown = (bar, bar.add_task(cells[0].model.name, total=total, finish=None))
-            failures = self._units([c for c in cells if c.pending is None], prepared, *shown)
+            failures = self._units(ready, prepared, plan, *shown)
             as_ran = settle_all(cells, self.out, prepared.problems)
             settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
             if settled:
-                # the settled budgets against the prompts; settled cells have their own run ids
-                failures += self._units(settled, self.executor.prepare(settled), *shown)
+                # the settled budgets against the prompts and the memory; settled cells have their own ids
+                again = self.executor.prepare(settled)
+                failures += self._units(settled, again, self._plan(settled, again), *shown)
         if failures:
             raise KvbenchError(
                 f"{len(failures)} unit(s) failed; the stored ones are kept and a rerun computes only what is "
@@ -137,12 +147,28 @@ class _Run:
         chosen = self.only.get(cell.run_id)
         return [p for p in prepared.problems[cell.run_id] if chosen is None or p in chosen]
 
-    def _units(self, cells: list[Cell], prepared: Prepared, bar: Progress, task: TaskID) -> list[str]:
+    def _plan(self, cells: list[Cell], prepared: Prepared) -> MemoryPlan | None:
+        """The memory plan of ``cells`` on the prepared replica, shown where it bounds anything; refused
+        (BudgetError) where one sample of an arm does not fit."""
+        if prepared.device is None or not cells:
+            return None
+        plan = plan_memory(cells, prepared.device, self.memory)
+        if plan is not None and plan.limited and self.show_plan is not None:
+            self.show_plan(plan)
+        return plan
+
+    def _units(
+        self, cells: list[Cell], prepared: Prepared, plan: MemoryPlan | None, bar: Progress, task: TaskID
+    ) -> list[str]:
         """Every chosen unit of ``cells`` not stored yet, run and stored; returns the failed ones."""
         units, failures, timings = [], [], self.timings
         for cell in cells:
             store = ShardStore(self.out, cell.run_id)
-            store.write_manifest(cell.spec.record(), {**prepared.provenance, **manifest_notes(cell)})
+            arm = plan.arm(cell.run_id) if plan is not None else None
+            # the micro-batch is provenance: the first run of a cell records the one it ran with
+            batching = {"memory_plan": arm.record()} if arm is not None else {}
+            notes = {**prepared.provenance, **manifest_notes(cell), **batching}
+            store.write_manifest(cell.spec.record(), notes)
             smaller = other_limits(self.out, cell)
             for problem_id in self._chosen(cell, prepared):
                 if store.has(problem_id) or copied(problem_id, smaller, store):
@@ -150,7 +176,7 @@ class _Run:
                     bar.advance(task)
                     self.eta.skipped(_kind(Unit(cell, problem_id)))
                 else:
-                    units.append(Unit(cell, problem_id))
+                    units.append(Unit(cell, problem_id, arm.batch if arm is not None else None))
         # a problem's cells one after another: a teacher-forced probe's full-cache predictions are made
         # once per problem and read by every policy after the first (adapters/hf/teacher.py)
         tasks = {name: i for i, name in enumerate(dict.fromkeys(cell.task.name for cell in cells))}

@@ -51,6 +51,7 @@ class ProbeTaskSource(TaskSource):
         seeds: list[int],
         calibration: Any,
         graders: Graders,
+        batch: int | None = None,
     ) -> list[SampleRecord]:
         started = time.perf_counter()
         prompt, continuation, where = encode_problem(problem, backend)

@@ -122,8 +122,9 @@ class RayExecutor:
             load = max(p["load_seconds"] for p in places)
             self.provenance = {**places[0]["provenance"], "executor": _executor_record(places, self.options)}
             self.replicas = [(r, p["node"]) for r, p in zip(actors, places, strict=True)]
-        problems = ray.get(self.replicas[0][0].prepare.remote(list(cells)))  # any replica: one model
-        return Prepared(problems, self.provenance, load)
+        replica = self.replicas[0][0]  # any replica: one model
+        problems = ray.get(replica.prepare.remote(list(cells)))
+        return Prepared(problems, self.provenance, load, ray.get(replica.device_facts.remote(list(cells))))
 
     def _replicas(self, cell: Cell) -> list[Any]:
         runtime, model = cell.runtime, cell.model

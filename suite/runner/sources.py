@@ -63,9 +63,18 @@ class TaskSource(Protocol):
         ...
 
     def score(
-        self, cell: Cell, backend: Backend, problem: Any, seeds: list[int], calibration: Any, graders: Graders
+        self,
+        cell: Cell,
+        backend: Backend,
+        problem: Any,
+        seeds: list[int],
+        calibration: Any,
+        graders: Graders,
+        batch: int | None = None,
     ) -> list[SampleRecord]:
-        """The sample rows of one problem of a cell, one per seed."""
+        """The sample rows of one problem of a cell, one per seed; a generating source decodes at most
+        ``batch`` samples at once (the memory plan's micro-batch; None: all), a teacher-forced one ignores
+        it (its passes are not planned)."""
         ...
 
 
