@@ -57,10 +57,10 @@ def _page_tables(database: Path, monkeypatch) -> list[tuple[str, Compression, li
 def mixed_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The issue's case on the tiny Qwen3: passkey (every arm retrieves nothing) beside fidelity, where
     streaming differs from the null by little on four problems. Pooled over both kinds, streaming would
-    read *equivalent*; each task alone, it is *inconclusive*."""
+    read *equivalent*; each task alone, it is *inconclusive*. planted-fact is pass/fail as passkey is."""
 
     def build(root: Path) -> Path:
-        for task, limit in (("passkey", "6"), ("fidelity", "4")):
+        for task, limit in (("passkey", "6"), ("fidelity", "4"), ("planted-fact", "4")):
             run = (
                 "run",
                 "--model",
@@ -136,13 +136,16 @@ def _at(row: dict, compression: Compression) -> bool:
     return row["ratio"] is None and row["budget"] == compression.budget
 
 
-def _pooled_sql(database: Path, tasks: tuple[str, ...], budget: int) -> dict[str, float]:
-    """Per policy: the mean over (task, problem) clusters of the problems' mean metric, from SQL."""
+def _pooled_sql(
+    database: Path, tasks: tuple[str, ...], budget: int, column: str = "metric"
+) -> dict[str, float]:
+    """Per policy: the mean over (task, problem) clusters of the problems' mean ``column``, from SQL."""
     con = duckdb.connect(str(database), read_only=True)
     try:
         rows = con.execute(
-            "SELECT r.policy, s.task, s.problem_id, avg(s.metric) FROM samples s JOIN runs r USING (run_id) "
-            "WHERE list_contains(?, s.task) AND r.budget = ? AND r.role <> 'reference' GROUP BY ALL",
+            f"SELECT r.policy, s.task, s.problem_id, avg(s.{column}) FROM samples s "
+            "JOIN runs r USING (run_id) WHERE list_contains(?, s.task) AND r.budget = ? "
+            "AND r.role <> 'reference' GROUP BY ALL",
             [list(tasks), budget],
         ).fetchall()
     finally:
@@ -192,6 +195,39 @@ def test_the_page_pools_tasks_of_one_kind_only_and_as_compare_pool_does(board_db
     assert snapkv["verdict"] == BADGES[cli["verdict"]] and snapkv["p (Holm)"] == pytest.approx(cli["p_holm"])
     expected = _pooled_sql(board_db, ("gsm8k", "gpqa-diamond"), 384)
     assert float(snapkv["average ± CI"].split(" ± ")[0]) == pytest.approx(expected["snapkv"], abs=5e-4)
+
+
+def test_a_pool_of_one_kind_beside_a_task_of_another_and_ranked_by_log_probability(
+    mixed_db: Path, monkeypatch
+) -> None:
+    """passkey and planted-fact (pass/fail) are pooled, as `kvbench compare --pool` pools them, while
+    fidelity keeps its own verdict; ranked by the answer's log-probability every task is one quantity."""
+    app = open_app(mixed_db, monkeypatch)
+    app.toggle(key="pooled").set_value(True).run()
+    columns, rows = _shown(app)
+    pooled = "pooled pass/fail"
+    assert columns[:4] == ["policy", f"{pooled} verdict", "fidelity verdict", pooled]
+    needles = ("passkey", "planted-fact")
+    for quantity in ("score", "answer-logprob"):
+        cli = {
+            r["policy"]: r
+            for r in _compare(mixed_db, "--pool", "needles=passkey,planted-fact", "--metric", quantity)
+            if r["task"] == "needles"
+        }
+        column = "metric" if quantity == "score" else "answer_logprob"
+        expected = _pooled_sql(mixed_db, needles, 256, column)
+        prefix = f"{pooled} " if quantity == "score" else ""  # one quantity: every task pools
+        shown = {r["policy"]: r for r in rows}
+        for policy in ("snapkv", "streaming"):
+            assert shown[policy][f"{prefix}verdict"] == BADGES[cli[policy]["verdict"]], (quantity, policy)
+            assert shown[policy][f"{prefix}p (Holm)"] == pytest.approx(cli[policy]["p_holm"], rel=1e-12)
+            score = shown[policy][pooled if prefix else "average ± CI"]
+            assert float(score.split(" ± ")[0]) == pytest.approx(expected[policy], abs=5e-4), quantity
+            assert cli[policy]["score"] == pytest.approx(expected[policy], rel=1e-9), quantity
+        app.sidebar.selectbox(key="quantity").set_value("answer-logprob").run()
+        columns, rows = _shown(app)
+    assert columns[:5] == ["policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)"]
+    assert len({round(float(r["average ± CI"].split(" ± ")[0]), 3) for r in rows}) == 4  # four arms differ
 
 
 def test_head_to_head_pools_only_tasks_of_one_kind(board_db: Path, monkeypatch) -> None:
