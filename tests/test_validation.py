@@ -86,7 +86,7 @@ def test_max_new_tokens_zero_on_a_generation_task() -> None:
 def test_suite_values(tmp_path: Path, line: str, message: str) -> None:
     path = _copy_builtin(tmp_path, "suites", "quick")
     path.write_text(
-        path.read_text().replace("limit: 4", line) if "limit" in line else path.read_text() + line
+        path.read_text().replace("limit: 12", line) if "limit" in line else path.read_text() + line
     )
     with pytest.raises(SpecError, match=message):
         load_suite(path)

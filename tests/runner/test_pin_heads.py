@@ -78,7 +78,7 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
         result = kvbench(
             "run",
             *("--model", "tiny-qwen3", "--task", str(task), "--policy", "streaming", "--budget", str(BUDGET)),
-            *("--samples", "1", "--no-baselines", "--quiet"),
+            *("--samples", "1", "--limit", "1", "--no-baselines", "--quiet"),
             cwd=tmp_path,
         )
         assert result.returncode == 0, result.stderr

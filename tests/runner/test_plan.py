@@ -13,21 +13,21 @@ def test_default_request_adds_null_and_full_to_every_model_task_budget() -> None
     roles = {(c.task.name, c.policy.name, c.role) for c in cells}
     assert roles == {
         (t, p, r)
-        for t in ("passkey", "fidelity")
+        for t in ("fidelity",)
         for p, r in (("snapkv", "policy"), ("random", "null"), ("full", "reference"))
     }
     assert {c.budget for c in cells} == {256}  # K = 1024 / 4, a multiple of the 64-token buffer
-    assert all(c.model.name == "smollm2-135m" and c.limit == 4 for c in cells)
+    assert all(c.model.name == "smollm2-135m" and c.limit == 12 for c in cells)
 
 
 def test_identities_are_stable_and_follow_every_choice() -> None:
     first = {c.label: c.run_id for c in plan(RunRequest(policies=("snapkv",)))}
     assert first == {c.label: c.run_id for c in plan(RunRequest(policies=("snapkv",)))}
     changed = {c.label: c.run_id for c in plan(RunRequest(policies=("snapkv:window=32",)))}
-    assert changed["smollm2-135m/passkey/snapkv@K=256"] != first["smollm2-135m/passkey/snapkv@K=256"]
-    assert changed["smollm2-135m/passkey/random@K=256"] == first["smollm2-135m/passkey/random@K=256"]
+    assert changed["smollm2-135m/fidelity/snapkv@K=256"] != first["smollm2-135m/fidelity/snapkv@K=256"]
+    assert changed["smollm2-135m/fidelity/random@K=256"] == first["smollm2-135m/fidelity/random@K=256"]
     seeded = {c.label: c.run_id for c in plan(RunRequest(policies=("snapkv",), seed=7))}
-    assert seeded["smollm2-135m/passkey/random@K=256"] != first["smollm2-135m/passkey/random@K=256"]
+    assert seeded["smollm2-135m/fidelity/random@K=256"] != first["smollm2-135m/fidelity/random@K=256"]
 
 
 def test_one_full_cache_reference_serves_every_budget() -> None:

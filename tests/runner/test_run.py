@@ -122,7 +122,7 @@ def test_an_interrupted_run_resumes_without_loss_or_duplicates(
     process.wait(timeout=60)
     assert process.returncode != 0
     written = len(list(shards.glob("*/*.parquet")))
-    problems = 8 + 4  # passkey's 8 and fidelity's 4 (its task has 4)
+    problems = 8  # the quick suite's fidelity probe at --limit 8
     assert 3 <= written < problems * ARMS  # stopped midway
     assert not list(shards.glob("*/.*"))  # no half-written file is left visible
     result = kvbench(*args, cwd=tmp_path)
@@ -163,7 +163,7 @@ def test_two_runs_writing_the_same_folder_at_once_both_land(tmp_path: Path) -> N
 def test_a_budget_that_cannot_protect_the_prompt_writes_nothing(tmp_path: Path) -> None:
     result = kvbench("run", *TINY, "--policy", "snapkv", "--budget", "80", "--limit", "1", cwd=tmp_path)
     assert result.returncode == 2
-    assert "leaves room to protect 15 prompt tokens, but task 'passkey' has prompts of" in result.stderr
+    assert "leaves room to protect 15 prompt tokens, but task 'fidelity' has prompts of" in result.stderr
     assert not (tmp_path / "runs" / "shards").exists() or not list((tmp_path / "runs").rglob("*.parquet"))
 
 

@@ -67,8 +67,10 @@ def test_chunks_equal_token_by_token_under_mixed_precision(
     stepwise = teacher_force(tiny, prompt, cont, make_policy(policy), schedule, row_seeds=[3, 4], chunk=1)
     assert chunked.eviction_events == stepwise.eviction_events
     # a value 1e-7 from a rounding boundary may take the next 4-bit code in one of the two: a difference
-    # of one quantization step in one channel, far below what a different demotion choice makes (~0.1)
-    assert torch.allclose(chunked.logprobs, stepwise.logprobs, atol=1e-3, rtol=0)
+    # of one quantization step in one channel, far below what a different demotion choice makes (~0.1).
+    # How far it moves a log-probability depends on the CPU's kernels: under 1e-3 on an AMD EPYC, up to
+    # 3.3e-3 on an Intel Xeon with AMX (8 of 520 values above 1e-3), so the bound sits between the two.
+    assert torch.allclose(chunked.logprobs, stepwise.logprobs, atol=1e-2, rtol=0)
 
 
 def test_random_draws_are_the_same_with_and_without_quantization(tiny: LoadedModel) -> None:
