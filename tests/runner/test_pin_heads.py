@@ -92,7 +92,7 @@ def test_pinned_needle_is_kept_in_every_head_and_scored_as_such(tmp_path: Path, 
         assert len(stored[pins]) == 1
 
     request = RunRequest(
-        models=("tiny-qwen3",), tasks=(str(task),), policies=("streaming",), budget=BUDGET, samples=1
+        models=("tiny-qwen3",), tasks=(str(task),), policies=("streaming",), budget=BUDGET, samples=1, limit=1
     )
     cell = next(c for c in plan(request) if c.role == "policy")
     (problem,) = cell_problems(cell, HFBackend(tiny))
