@@ -57,8 +57,12 @@ METHOD = (
     "the full cache's. K/N_avg: the budget over the task's reference mean length; K held/N_avg, "
     "bytes/token, byte budget: the tokens "
     "the cache held after each event, what one cost and what they cost together per sequence (a "
-    "mixed-precision protocol holds more tokens in the same bytes). *verified*: a maintainer re-ran a "
-    "sample of the submission's problems (`kvbench verify`); *local*: runs no submission holds."
+    "mixed-precision protocol holds more tokens in the same bytes). Each submission's policies are paired "
+    "with its own null and full cache, and Holm-corrected among themselves. *verified (identical "
+    "outputs)*: a maintainer re-ran a sample of the submission's problems (`kvbench verify`) on the "
+    "machine the runs recorded and got the same outputs; *verified (paired scores)*: on another machine, "
+    "with scores inside the runs' intervals; *conflict*: another submission holds other outputs of the "
+    "same spec on the same machine; *local*: runs no submission holds."
 )
 # What the table opens with, the verdict pinned beside the policy so that a narrow screen still shows it
 # (a comment: Streamlit's magic would print a bare string here on the page).
@@ -132,6 +136,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
         queries.policy_runs,
         queries.problems,
         queries.provenance,
+        queries.trust_notices,
         queries.policy_documentation,
         h2h.head_to_head,
         downloads.sample_count,
@@ -203,6 +208,7 @@ def _page(database: Path, public: bool) -> None:
         chosen.seed, chosen.quantity,
     )  # fmt: skip
     with views["Leaderboard"]:
+        _trust_view(query("trust_notices"))
         _leaderboard_view(table, f"{chosen.model} · {chosen.protocol} · {chosen.compression.label}")
     with views["Head-to-head"]:
         _head_to_head_view(query, table, chosen)
@@ -313,6 +319,24 @@ def _empty_page(database: Path, public: bool) -> None:
         )
     with st.expander("About kvbench and this leaderboard"):  # what the page would show, and how
         st.markdown(ABOUT)
+
+
+def _trust_view(notices: queries.Notices) -> None:
+    """Runs taken off the board by a failed verification, and runs that disagree on one machine: named
+    above every table (their cells come from bundles, so they are shown as table cells, never Markdown)."""
+    if not notices.failed.empty:
+        st.error(
+            f"{len(notices.failed)} submitted run(s) failed verification and no longer count: no verdict, "
+            "pairing or curve on this board reads them."
+        )
+        _table(notices.failed, key="failed_runs")
+    if not notices.conflicts.empty:
+        st.warning(
+            f"{len(notices.conflicts)} run(s) conflict: two submissions recorded the same spec on the same "
+            "machine (versions, CPU features, GPU and driver) with other outputs. Both count, marked "
+            "*conflict*, until the maintainer's `kvbench verify` of both decides which is right."
+        )
+        _table(notices.conflicts, key="conflicts")
 
 
 def _leaderboard_view(table: queries.Table, title: str) -> None:

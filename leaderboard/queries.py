@@ -20,7 +20,8 @@ import pandas as pd
 
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
-from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
+from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
+from kvbench.leaderboard.submissions import notices as board_notices
 from kvbench.results.compare import effect_text, needed_text, task_tables
 from kvbench.results.comparison import (
     RUNTIME,
@@ -36,6 +37,7 @@ from kvbench.results.summary import QUANTITIES, CellSummary, most_complete, summ
 from kvbench.specs.metric_kind import Metric, pools, task_metric
 from kvbench.specs.resolved import Role
 from kvbench.specs.task import TaskSpec
+from kvbench.store.board_tables import run_sources
 from kvbench.store.ingest import reading
 
 
@@ -149,11 +151,13 @@ def _context_or_first(
 
 
 class ArmKey(NamedTuple):
-    """An arm of a table: a policy with its parameters (the stored JSON) and its role."""
+    """An arm of a table: a policy with its parameters (the stored JSON) and its role, from one source
+    (a submission's sha256 on a board, LOCAL for one's own runs)."""
 
     policy: str
     params: str
     role: str
+    source: str = ""
 
 
 POOLED = "pooled {}"
@@ -236,6 +240,7 @@ def leaderboard(
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
+        conflicting = conflicting_runs(con)
         memory = _memory(con, run_ids)
     metrics = task_metrics(runs, quantity)
     by_kind = pools(metrics, common)
@@ -248,7 +253,7 @@ def leaderboard(
     per_task = _per_task(runs, summaries, null) if len(tasks) > 1 else {}
     records = []
     for arm in shown:
-        key = ArmKey(arm.policy, arm.params, arm.role)
+        key = _key(arm)
         record = _record(arm, tasks, summaries) | _memory_columns(arm, memory)
         if "" in groups:
             record |= _tested(arm, "") | {"average": arm.score.value, "average ± CI": _interval(arm.score)}
@@ -258,13 +263,13 @@ def leaderboard(
             record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
         for task, results in per_task.items():
             record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
-        records.append(record | _badges(arm, held))
+        records.append(record | _badges(arm, held, conflicting))
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
-        if (arm.policy, arm.params) in mismatched:
+        if (arm.policy, arm.params, arm.source) in mismatched:
             record["problems × samples"] += " ≠ null"
     frame = pd.DataFrame.from_records(records)
-    keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
+    keys = [_key(a) for a in shown]
     if not frame.empty:
         ranks = [_rank(arm, by_kind, summaries) for arm in shown]
         order = sorted(range(len(shown)), key=lambda i: ranks[i])  # stable: ties keep the builder's order
@@ -274,8 +279,12 @@ def leaderboard(
     return Table(frame, tasks, common, run_ids, keys, metrics, pool_labels, list(mismatched.values()))
 
 
+def _key(arm: ArmResult) -> ArmKey:
+    return ArmKey(arm.policy, arm.params, arm.role, arm.source)
+
+
 def _by_arm(arms: list[ArmResult]) -> dict[ArmKey, ArmResult]:
-    return {ArmKey(a.policy, a.params, a.role): a for a in arms}
+    return {_key(a): a for a in arms}
 
 
 def _per_task(
@@ -303,25 +312,26 @@ def _rank(arm: ArmResult, by_kind: dict[str, list[str]], summaries: dict[str, Ce
 
 def _mismatches(
     arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]
-) -> dict[tuple[str, str], str]:
-    """Arms ((policy, params) -> a phrase) that scored other problems than the null on this table's
-    tasks: their cells average their own problems, while Δ vs null, W/T/L and the verdicts pair the shared
-    ones. A policy with several settings in the table is named with its parameters."""
+) -> dict[tuple[str, str, str], str]:
+    """Arms ((policy, params, source) -> a phrase) that scored other problems than their null (the null
+    of their own source) on this table's tasks: their cells average their own problems, while Δ vs null,
+    W/T/L and the verdicts pair the shared ones. A policy with several settings in the table is named
+    with its parameters."""
 
     def problems(arm: ArmResult) -> set[tuple[str, str]]:
         return {(t, p) for t in tasks if t in arm.runs for p in summaries[arm.runs[t].run_id].scores}
 
-    null = next((a for a in arms if a.role == Role.NULL), None)
-    if null is None:
-        return {}
-    expected = problems(null)
+    nulls = {a.source: problems(a) for a in arms if a.role == Role.NULL}
     found = {}
     for arm in arms:
+        expected = nulls.get(arm.source)
+        if expected is None or arm.role == Role.NULL:
+            continue
         held = problems(arm)
-        if arm.role != Role.NULL and held != expected:
+        if held != expected:
             settings = {a.params for a in arms if a.policy == arm.policy}
             name = arm.policy if len(settings) == 1 else setting_label(arm.policy, arm.params)
-            found[(arm.policy, arm.params)] = (
+            found[(arm.policy, arm.params, arm.source)] = (
                 f"{name} scored {len(held)} problems, the null {len(expected)}, both {len(held & expected)}"
             )
     return found
@@ -372,8 +382,8 @@ def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]
     }
 
 
-def _badges(arm: ArmResult, held: pd.DataFrame) -> dict[str, str]:
-    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held)
+def _badges(arm: ArmResult, held: pd.DataFrame, conflicting: set[str]) -> dict[str, str]:
+    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
     return {"submission": submission, "verified": verified}
 
 
@@ -449,7 +459,8 @@ def _badge(verdict: str | None) -> str:
 
 
 _CURVE_RUNS = f"""
-SELECT run_id, task, policy, policy_params, role, ratio FROM runs
+SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '') FROM runs
+LEFT JOIN {{sources}} USING (run_id)
 WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
   AND (ratio IS NOT NULL OR role = 'reference')
   AND list_contains(?, task)
@@ -464,10 +475,11 @@ class _CurveRun(NamedTuple):
     params: str
     role: str
     ratio: float | None
+    source: str
 
     @property
-    def arm_at_ratio(self) -> tuple[str, str, str, str, float | None]:
-        return self.task, self.policy, self.params, self.role, self.ratio
+    def arm_at_ratio(self) -> tuple[str, str, str, str, float | None, str]:
+        return self.task, self.policy, self.params, self.role, self.ratio, self.source
 
 
 def budget_curves(
@@ -490,24 +502,28 @@ def budget_curves(
         tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
     with connect(database) as con:
         runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-        found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, list(tasks)]).fetchall()
+        query = _CURVE_RUNS.format(sources=run_sources(con))
+        found = con.execute(query, [model, protocol, runtime, seed, list(tasks)]).fetchall()
         runs = [_CurveRun(*row) for row in found]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
     runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
     swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}
-    groups: dict[tuple[str, str, str, float | None], dict[str, dict[str, float]]] = {}
+    sources = {r.source for r in runs}
+    groups: dict[tuple[str, str, str, float | None, str], dict[str, dict[str, float]]] = {}
     for run in runs:
         if run.task in swept:  # the full cache's line pools the same tasks as the curves
             settings.setdefault(run.policy, set()).add(run.params)
-            arm = (run.policy, run.params, run.role, run.ratio)
+            arm = (run.policy, run.params, run.role, run.ratio, run.source)
             groups.setdefault(arm, {})[run.task] = summaries[run.run_id].scores
     records = []
-    for (policy, params, role, ratio), by_task in sorted(
-        groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)
+    for (policy, params, role, ratio, source), by_task in sorted(
+        groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][4], g[0][3] or 0)
     ):
         estimate = bootstrap_mean(list(pool(by_task).values()))
         label = policy if len(settings[policy]) == 1 else setting_label(policy, params)
+        if len(sources) > 1:  # a board's submissions each draw their own lines
+            label += f" @{source[:8]}" if source else " (local)"
         records.append(
             {
                 "policy": label,
@@ -630,6 +646,12 @@ SELECT run_id, label, sha256(spec::VARCHAR)[:16] AS spec_sha256, adapter, device
        protocol_seed, samples_per_problem, to_timestamp(created) AS created
 FROM runs WHERE list_contains(?, run_id) ORDER BY label
 """
+
+
+def trust_notices(database: Path) -> Notices:
+    """What the page says of the board's trust above every table (kvbench.leaderboard.submissions)."""
+    with connect(database) as con:
+        return board_notices(con)
 
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
