@@ -5,6 +5,7 @@ its exit status whether everything was verified."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from test_hostile_scorers import WEAK_NULL, submit
 import kvbench.leaderboard
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.app import DATABASE_ENV
+from kvbench.store.board_tables import board_run_id
+from kvbench.submissions.board import record_verification
 from support import needs_sandbox
 
 APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
@@ -148,6 +151,24 @@ def test_runs_of_one_identity_from_other_machines_coexist_and_on_one_machine_con
     table = queries.leaderboard(snapshot, "tiny-qwen3", "protect-prompt", queries.Compression(4.0, None))
     badges = table.frame.loc[table.frame["policy"] == "keys-norm", "verified"]
     assert sorted(badges) == ["conflict", "conflict", "not verified"]
+    # verification decides: the failed side leaves the board at once, a later pass brings it back
+    sha = hashlib.sha256(same_machine.read_bytes()).hexdigest()
+    board_id = board_run_id(fidelity, sha)
+
+    def check(outcome: str) -> list[str]:
+        found = {"run_id": fidelity, "outcome": outcome, "method": "identical outputs", "problems": 2}
+        return record_verification(db, sha, [found | {"machine": {}, "detail": "", "seed": 1}])
+
+    assert check("failed") == [board_id]
+    with duckdb.connect(str(snapshot), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [board_id]).fetchone() == (0,)
+    notices = queries.trust_notices(snapshot)
+    assert notices.conflicts.empty and list(notices.failed["bundle"]) == [sha[:12]]
+    assert check("verified") == []
+    with duckdb.connect(str(snapshot), read_only=True) as con:
+        restored = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [board_id]).fetchone()
+    assert restored == (3,)  # its three problems, from the kept bundle
+    assert len(queries.trust_notices(snapshot).conflicts) == 1
 
 
 @pytest.mark.slow
