@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from kvbench.errors import StorageError
-from kvbench.leaderboard import analysis, charts, downloads, permalink, queries, retention
+from kvbench.leaderboard import analysis, charts, curves, downloads, permalink, queries, retention
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
 from kvbench.leaderboard.display import MISSING, split_shared
@@ -130,8 +130,8 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     for f in (
         queries.choices,
         queries.leaderboard,
-        queries.budget_curves,
-        queries.curve_groups,
+        curves.budget_curves,
+        curves.curve_groups,
         queries.efficiency,
         queries.policy_runs,
         queries.problems,
@@ -499,20 +499,20 @@ def _curves_view(query, chosen: Selection) -> None:
     model, protocol, quantity = chosen.model, chosen.protocol, chosen.quantity
     groups = query("curve_groups", model, protocol, quantity)
     task = st.selectbox("tasks", list(groups), key="curve_task", help=POOLS_HELP)
-    curves = query("budget_curves", model, protocol, groups.get(task), chosen.runtime, chosen.seed, quantity)
-    if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
+    lines = query("budget_curves", model, protocol, groups.get(task), chosen.runtime, chosen.seed, quantity)
+    if lines[lines["ratio"].notna()]["ratio"].nunique() < 1:
         st.info(
             f"No ratio-based runs with {quantity}: run a suite with `ratios:` "
             "(e.g. `kvbench run --suite probes`)."
         )
         return
-    if curves["ratio"].nunique() == 1:
+    if lines["ratio"].nunique() == 1:
         st.info(
             "These runs have one compression ratio, so each arm is a point, not a curve: a budget curve "
             "needs several (`kvbench run --suite probes` runs every built-in policy at 2x, 4x and 8x)."
         )
     title = f"{model}, {task}: {quantity} against compression"
-    st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
+    st.plotly_chart(charts.budget_curves(lines, title, quantity), key="curves")
 
 
 def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> None:
