@@ -2,11 +2,13 @@
 
 Every program runs in fresh user, mount, PID, IPC, UTS, cgroup and network namespaces made by ``bwrap``,
 started as an unprivileged user (a fresh, unused uid when the grader is root; ``nobody`` inside), with no
-capabilities:
+capabilities and no way to make further user namespaces (in one, an unprivileged process may mount a
+tmpfs of any size):
 
 - the file system is ``/usr`` read-only (the interpreter and its libraries), the program's folder
-  read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal
-  ``/dev``; no home, no dataset cache, no /etc, nothing of the grader's;
+  read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal,
+  read-only ``/dev`` (its device nodes work; ``/dev/shm`` and ``/dev`` itself take no files, which would be
+  memory no limit counts); no home, no dataset cache, no /etc, nothing of the grader's;
 - the environment is cleared; the network namespace has only its own loopback;
 - rlimits cap CPU time, address space, file size, open files and processes (the last one counted for
   that user alone, so a fork bomb stops at the cap);
@@ -27,6 +29,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,6 +49,8 @@ NOBODY = 65534
 FIRST_UID, UIDS = 1_500_000_000, 500_000_000
 """Outside, each sandbox runs as a user drawn from this range, which no account uses."""
 BWRAP_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+SETPRIV = "/usr/bin/setpriv"
+"""util-linux's setpriv: switches root to the fresh user where bwrap must start from root (as_fresh_user)."""
 INSIDE = "/sandbox"
 """Where the program's folder (read-only) appears inside the sandbox."""
 
@@ -106,6 +111,11 @@ def interpreter() -> Path:
     return system if system.is_file() else Path(sys.executable).resolve()
 
 
+def _fresh_uid() -> int | None:
+    """A user id no account uses, drawn anew, when this process is root; None otherwise."""
+    return FIRST_UID + secrets.randbelow(UIDS) if os.geteuid() == 0 else None
+
+
 def _as_unprivileged() -> dict:
     """Popen arguments that start bwrap as a fresh unprivileged user when the grader is root.
 
@@ -113,10 +123,54 @@ def _as_unprivileged() -> dict:
     nothing else (not even the exited sandboxes that the system has yet to reap). An unprivileged grader
     starts bwrap as itself.
     """
-    if os.geteuid() == 0:
-        uid = FIRST_UID + secrets.randbelow(UIDS)
-        return {"user": uid, "group": uid, "extra_groups": []}
-    return {}
+    uid = _fresh_uid()
+    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+
+
+def as_fresh_user(command: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """A bwrap ``command`` and the Popen arguments that run it as a fresh unprivileged user when this
+    process is root (:func:`_as_unprivileged`), as itself otherwise.
+
+    bwrap, started as that user, must reach every folder it binds. One that lies under a folder only root
+    may enter (a Python installed in root's home, mode 0700) is out of its reach: then bwrap starts from
+    root in a mount namespace of its own, where that private folder is an empty tmpfs showing only the
+    folders bound (nothing else of it), and ``setpriv`` switches to the fresh user, with no capabilities
+    and no new privileges, before the command's own bwrap starts.
+    """
+    sources = [Path(command[i + 1]) for i, arg in enumerate(command[:-1]) if arg == "--ro-bind"]
+    hidden = [source for source in sources if not _reachable(source)]
+    uid = _fresh_uid()
+    if uid is None or not hidden:
+        return command, _as_unprivileged()
+    view = ["--dev-bind", "/", "/", *_shown(hidden), "--die-with-parent", "--"]
+    switch = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+    return [command[0], *view, *switch, *command], {}
+
+
+def _reachable(folder: Path) -> bool:
+    """Whether any user may enter ``folder`` and each folder above it."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (folder, *folder.parents))
+
+
+def _shown(folders: list[Path]) -> list[str]:
+    """bwrap arguments that show each of ``folders`` read-only at its own path, over an empty tmpfs in
+    place of the topmost folder above it that other users may not enter."""
+    args: list[str] = []
+    made: set[Path] = set()
+    for folder in folders:
+        above = [*reversed(folder.parents)]
+        top = next((p for p in above if not p.stat().st_mode & stat.S_IXOTH), None)
+        if top is None:  # the folder itself is private: bound, it would still be unreadable
+            raise SandboxUnavailableError(
+                f"{folder} cannot be read by an unprivileged user, and the sandbox runs as one: "
+                f"chmod o+rx {folder}"
+            )
+        for step in above[above.index(top) :]:
+            if step not in made:
+                made.add(step)
+                args += ["--perms", "0755", "--tmpfs" if step == top else "--dir", str(step)]
+        args += ["--ro-bind", str(folder), str(folder)]
+    return args
 
 
 def rlimits(caps: dict[int, int]) -> Callable[[], None]:
@@ -181,6 +235,8 @@ def boundary(
     return [
         bwrap,
         "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",
@@ -195,6 +251,8 @@ def boundary(
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        "--remount-ro",
         "/dev",
         "--size",
         str(scratch_bytes),
@@ -281,7 +339,8 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
         resource.RLIMIT_NPROC: limits.processes,
         resource.RLIMIT_CORE: 0,
     }
-    process = launch(command(result_write), rlimits(caps), pass_fds=(result_write,), **_as_unprivileged())
+    line, user = as_fresh_user(command(result_write))
+    process = launch(line, rlimits(caps), pass_fds=(result_write,), **user)
     os.close(result_write)
     assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
     threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
