@@ -38,7 +38,11 @@ def scorer(tmp_path: Path, body: str, name: str = "scorer.py") -> Path:
     return path
 
 
-def hostile(tmp_path: Path, score_body: str, name: str = "hostile", seconds: float = 30) -> IsolatedPolicy:
+def hostile(
+    tmp_path: Path, score_body: str, name: str = "hostile", seconds: float = 30, **limits: int
+) -> IsolatedPolicy:
+    """A scorer named ``name`` whose score runs ``score_body`` first, under the default limits but
+    ``seconds`` per call and ``limits`` (IsolationLimits' fields)."""
     body = f'''
 import os, socket, sys, time
 import torch
@@ -52,7 +56,8 @@ class Hostile(Policy):
 {textwrap.indent(textwrap.dedent(score_body), "        ")}
         return view.keys.float().norm(dim=-1)
 '''
-    return started_policy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=seconds))
+    limited = IsolationLimits(seconds_per_call=seconds, **limits)  # type: ignore[arg-type]
+    return started_policy(scorer(tmp_path, body), "Hostile", {}, limited)
 
 
 def run_through(policy, steps: int = 30) -> RecordingBackend:

@@ -9,6 +9,8 @@ tmpfs of any size):
   read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal,
   read-only ``/dev`` (its device nodes work; ``/dev/shm`` and ``/dev`` itself take no files, which would be
   memory no limit counts); no home, no dataset cache, no /etc, nothing of the grader's;
+- a seccomp filter refuses ``memfd_create`` and ``shmget``: memory that outlives its mapping, which the
+  address-space limit does not count;
 - the environment is cleared; the network namespace has only its own loopback;
 - rlimits cap CPU time, address space, file size, open files and processes (the last one counted for
   that user alone, so a fork bomb stops at the cap);
@@ -23,13 +25,16 @@ enable: there is no weaker fallback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import platform
 import resource
 import secrets
 import selectors
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,6 +58,14 @@ SETPRIV = "/usr/bin/setpriv"
 """util-linux's setpriv: switches root to the fresh user where bwrap must start from root (as_fresh_user)."""
 INSIDE = "/sandbox"
 """Where the program's folder (read-only) appears inside the sandbox."""
+
+
+REFUSED_CALLS = {
+    "x86_64": (0xC000003E, {"memfd_create": 319, "shmget": 29}),
+    "aarch64": (0xC00000B7, {"memfd_create": 279, "shmget": 194}),
+}
+"""Per machine: its audit architecture and the system calls the seccomp filter refuses (memory that
+outlives its mapping: a file in memory, a System V shared-memory segment)."""
 
 
 @dataclass(frozen=True)
@@ -217,19 +230,44 @@ def kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def refused_calls() -> int:
+    """A file descriptor holding the seccomp program for bwrap's ``--seccomp``: the calls of
+    REFUSED_CALLS fail with EPERM, and so does every call made through another architecture's entry (a
+    32-bit or x32 call on x86_64 has other numbers). The caller passes it to bwrap and then closes it."""
+    machine = platform.machine()
+    if machine not in REFUSED_CALLS:
+        raise SandboxUnavailableError(
+            f"the sandbox's seccomp filter knows the system calls of {', '.join(REFUSED_CALLS)}, not of "
+            f"{machine}: add its numbers to kvbench.graders.sandbox.REFUSED_CALLS"
+        )
+    arch, numbers = REFUSED_CALLS[machine]
+    load, equal, at_least, give = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    n = len(numbers)
+    program = [(load, 0, 0, 4), (equal, 0, n + 3, arch), (load, 0, 0, 0), (at_least, n + 1, 0, 0x40000000)]
+    program += [(equal, n - i, 0, number) for i, number in enumerate(numbers.values())]  # to "refuse"
+    program += [(give, 0, 0, allow), (give, 0, 0, refuse)]
+    fd = os.memfd_create("kvbench-seccomp")
+    os.write(fd, b"".join(struct.pack("=HBBI", *op) for op in program))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def boundary(
     bwrap: str,
     python: Path,
     folders: list[tuple[str, str]],
     scratch_bytes: int,
     environment: dict[str, str],
+    seccomp_fd: int,
     *,
     read_only_root: bool = False,
 ) -> list[str]:
-    """The bwrap arguments up to the program: fresh namespaces, no capabilities, the system and ``python``
-    read-only, each (outside, inside) folder read-only, a ``scratch_bytes`` tmpfs at /tmp as the working
-    folder, and an environment of PATH, HOME, LANG and ``environment`` only. ``read_only_root``: the new
-    root itself is read-only too (bwrap makes it a tmpfs that holds the mount points)."""
+    """The bwrap arguments up to the program: fresh namespaces, no capabilities, the seccomp program of
+    ``seccomp_fd`` (:func:`refused_calls`), the system and ``python`` read-only, each (outside, inside)
+    folder read-only, a ``scratch_bytes`` tmpfs at /tmp as the working folder, and an environment of PATH,
+    HOME, LANG and ``environment`` only. ``read_only_root``: the new root itself is read-only too (bwrap
+    makes it a tmpfs that holds the mount points)."""
     binds = [arg for outside, inside in folders for arg in ("--ro-bind", outside, inside)]
     variables = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **environment}
     return [
@@ -247,6 +285,8 @@ def boundary(
         str(NOBODY),
         "--hostname",
         "sandbox",
+        "--seccomp",
+        str(seccomp_fd),
         *system_mounts(python),
         "--proc",
         "/proc",
@@ -274,12 +314,15 @@ class Sandbox:
     def __init__(self, bwrap: str | None = None) -> None:
         self.bwrap = bwrap or shutil.which("bwrap")
 
-    def command(self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1) -> list[str]:
+    def command(
+        self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1, seccomp_fd: int = -1
+    ) -> list[str]:
         """The bwrap command line running ``argv`` with the folder ``folder`` bound read-only inside."""
         python = interpreter()
         argv = [a.replace("{result_fd}", str(result_fd)) for a in argv]
+        environment = {"PYTHONHASHSEED": "0"}
         inside = boundary(
-            str(self.bwrap), python, [(folder, INSIDE)], limits.scratch_bytes, {"PYTHONHASHSEED": "0"}
+            str(self.bwrap), python, [(folder, INSIDE)], limits.scratch_bytes, environment, seccomp_fd
         )
         return [*inside, str(python), "-I", "-S", *argv]
 
@@ -301,7 +344,7 @@ class Sandbox:
         folder = program_folder("kvbench-program-", {name: text.encode() for name, text in files.items()})
         try:
             inside = [f"{INSIDE}/{a}" if a in files else a for a in argv]
-            return _supervise(lambda fd: self.command(str(folder), inside, limits, fd), stdin, limits)
+            return _supervise(lambda *fds: self.command(str(folder), inside, limits, *fds), stdin, limits)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -328,8 +371,9 @@ def _probe(bwrap: str | None) -> str | None:
     return None
 
 
-def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
-    """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits."""
+def _supervise(command: Callable[[int, int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
+    """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits.
+    ``command`` takes the result channel's and the seccomp program's file descriptors."""
     result_read, result_write = os.pipe()
     caps = {
         resource.RLIMIT_CPU: limits.cpu_seconds,
@@ -339,8 +383,12 @@ def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits
         resource.RLIMIT_NPROC: limits.processes,
         resource.RLIMIT_CORE: 0,
     }
-    line, user = as_fresh_user(command(result_write))
-    process = launch(line, rlimits(caps), pass_fds=(result_write,), **user)
+    seccomp = refused_calls()
+    try:
+        line, user = as_fresh_user(command(result_write, seccomp))
+        process = launch(line, rlimits(caps), pass_fds=(result_write, seccomp), **user)
+    finally:
+        os.close(seccomp)
     os.close(result_write)
     assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
     threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()

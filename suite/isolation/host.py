@@ -41,6 +41,7 @@ from kvbench.graders.sandbox import (
     kill,
     launch,
     program_folder,
+    refused_calls,
     rlimits,
 )
 from kvbench.isolation import messages, wire
@@ -101,7 +102,9 @@ class IsolationLimits:
         }.get(code or -1, "")
 
 
-def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits) -> list[str]:
+def _command(
+    bwrap: str, folder: Path, class_name: str, limits: IsolationLimits, seccomp_fd: int
+) -> list[str]:
     import kvbench.adapters
     import kvbench.policies
 
@@ -112,7 +115,7 @@ def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits)
     folders = [(path, path) for path in code] + [(str(folder), INSIDE)]
     environment = {"OMP_NUM_THREADS": "1"}
     inside = boundary(
-        bwrap, python.resolve(), folders, limits.scratch_bytes, environment, read_only_root=True
+        bwrap, python.resolve(), folders, limits.scratch_bytes, environment, seccomp_fd, read_only_root=True
     )
     return [*inside, str(python), "-I", "-m", "kvbench.isolation.child", f"{INSIDE}/scorer.py", class_name]
 
@@ -125,8 +128,13 @@ class ScorerProcess:
         sandbox.check()
         self.label, self.limits = label, limits
         self.folder = program_folder("kvbench-scorer-", {"scorer.py": source})
-        line, user = as_fresh_user(_command(str(sandbox.bwrap), self.folder, class_name, limits))
-        self.process = launch(line, rlimits(limits.caps()), **user)
+        seccomp = refused_calls()
+        try:
+            command = _command(str(sandbox.bwrap), self.folder, class_name, limits, seccomp)
+            line, user = as_fresh_user(command)
+            self.process = launch(line, rlimits(limits.caps()), pass_fds=(seccomp,), **user)
+        finally:
+            os.close(seccomp)
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self.log: collections.deque[bytes] = collections.deque()
         threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()

@@ -138,25 +138,48 @@ def _all_processes() -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize(
-    ("body", "named"),
-    [
-        (
-            "fd = os.memfd_create('big')\nwhile True:\n    os.write(fd, b'x' * (1 << 20))",
-            f"raised OSError: [Errno 27] File too large (the file-size limit of {LIMITS.file_bytes} bytes)",
-        ),
-        (
-            "kept = [open('/dev/null') for _ in range(1000)]",
-            f"raised OSError: [Errno 24] Too many open files: '/dev/null' (the limit of {LIMITS.open_files} "
-            "open files per process)",
-        ),
-    ],
-    ids=["file size", "open files"],
-)
-def test_file_size_and_open_files_limits_are_named(tmp_path: Path, body: str, named: str) -> None:
+def test_a_file_over_the_size_limit_is_refused_and_named(tmp_path: Path) -> None:
+    body = """
+    with open("/tmp/big", "wb") as out:
+        for _ in range(32):
+            out.write(b"x" * (1 << 20))
+            out.flush()
+    """
+    with pytest.raises(ScorerError) as raised:
+        run_through(hostile(tmp_path, body, file_bytes=8 << 20), steps=20)
+    assert "raised OSError: [Errno 27] File too large (the file-size limit of 8388608 bytes)" in str(
+        raised.value
+    ), str(raised.value)
+
+
+def test_open_files_over_the_limit_are_refused_and_named(tmp_path: Path) -> None:
+    with pytest.raises(ScorerError) as raised:
+        run_through(hostile(tmp_path, "kept = [open('/dev/null') for _ in range(1000)]"), steps=20)
+    assert (
+        "raised OSError: [Errno 24] Too many open files: '/dev/null' "
+        f"(the limit of {LIMITS.open_files} open files per process)"
+    ) in str(raised.value), str(raised.value)
+
+
+def test_memory_that_outlives_its_mapping_is_refused(tmp_path: Path) -> None:
+    """A file in memory (memfd) and a System V segment hold pages after they are unmapped, which the
+    address-space limit never counts: both calls are refused."""
+    body = """
+    import ctypes
+    said = []
+    try:
+        os.memfd_create("held")
+        said.append("memfd made")
+    except OSError as exc:
+        said.append(f"memfd_create: errno {exc.errno}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    segment = libc.shmget(0, 64 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    said.append(f"shmget: {segment}, errno {ctypes.get_errno()}")
+    raise RuntimeError("; ".join(said))
+    """
     with pytest.raises(ScorerError) as raised:
         run_through(hostile(tmp_path, body), steps=20)
-    assert named in str(raised.value), str(raised.value)
+    assert "raised RuntimeError: memfd_create: errno 1; shmget: -1, errno 1" in str(raised.value)
 
 
 def test_the_scorer_runs_as_a_fresh_unprivileged_user(tmp_path: Path) -> None:
