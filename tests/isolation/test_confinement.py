@@ -182,6 +182,23 @@ def test_memory_that_outlives_its_mapping_is_refused(tmp_path: Path) -> None:
     assert "raised RuntimeError: memfd_create: errno 1; shmget: -1, errno 1" in str(raised.value)
 
 
+def test_no_user_namespace_can_be_made_to_mount_a_tmpfs_in(tmp_path: Path) -> None:
+    """In a user namespace of its own, any process may mount a tmpfs of any size: host memory no limit
+    counts. bwrap's --disable-userns leaves the scorer none to make."""
+    body = """
+    done = __import__("subprocess").run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", "mount -t tmpfs none /tmp && echo mounted"],
+        capture_output=True, text=True,
+    )
+    raise RuntimeError(f"unshare said {done.stdout.strip() or done.stderr.strip()!r}")
+    """
+    with pytest.raises(ScorerError) as raised:
+        run_through(hostile(tmp_path, body), steps=20)
+    assert "raised RuntimeError: unshare said 'unshare: unshare failed: No space left on device'" in str(
+        raised.value
+    ), str(raised.value)
+
+
 def test_the_scorer_runs_as_a_fresh_unprivileged_user(tmp_path: Path) -> None:
     policy = hostile(tmp_path, "pass")
     run_through(policy, steps=20)  # scores, so that torch has started whatever threads it starts
