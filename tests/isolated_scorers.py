@@ -13,6 +13,23 @@ from kvbench.core.schedule import Schedule
 from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
 from support import RecordingBackend
 
+SLOW_IMPORT = textwrap.dedent(
+    '''
+    """Sleeps a minute at import: loading the file is a call like any other, under its time limit."""
+    import time
+
+    from kvbench import Policy, policy
+
+    time.sleep(60)
+
+
+    @policy("slow-import")
+    class SlowImport(Policy):
+        def score(self, view):
+            return view.keys.float().norm(dim=-1)
+    '''
+)
+
 _STARTED: list[IsolatedPolicy] = []
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from isolated_scorers import SLOW_IMPORT
 
 from kvbench.results.check import outputs_digest
 from support import needs_sandbox
@@ -75,24 +76,7 @@ def test_a_stalled_isolated_scorer_is_stopped_with_its_place_named(tmp_path: Pat
 
 
 def test_a_scorer_whose_import_stalls_is_stopped_at_scorer_seconds(tmp_path: Path) -> None:
-    (tmp_path / "slow.py").write_text(
-        textwrap.dedent(
-            '''
-            """Sleeps a minute at import: loading the file is a call like any other."""
-            import time
-
-            from kvbench import Policy, policy
-
-            time.sleep(60)
-
-
-            @policy("slow-import")
-            class SlowImport(Policy):
-                def score(self, view):
-                    return view.keys.float().norm(dim=-1)
-            '''
-        )
-    )
+    (tmp_path / "slow.py").write_text(SLOW_IMPORT)
     started = time.monotonic()
     done = run(tmp_path, "--policy", "slow.py:SlowImport", "--isolate", "--scorer-seconds", "2")
     assert done.returncode != 0
