@@ -140,6 +140,29 @@ def _as_unprivileged() -> dict:
     return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
 
 
+def process_cap(processes: int) -> int:
+    """RLIMIT_NPROC for a sandbox that may run ``processes`` processes and threads of its own. The limit
+    counts every task of the real user: a fresh user has none but the sandbox's, while an unprivileged
+    grader's sandbox runs as the grader's own user, whose tasks already running are added."""
+    return processes if os.geteuid() == 0 else processes + tasks_of(os.getuid())
+
+
+def tasks_of(uid: int) -> int:
+    """Processes and threads whose real user is ``uid``, now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            lines = Path(f"/proc/{entry.name}/status").read_text().splitlines()
+        except OSError:  # it ended
+            continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
+    return count
+
+
 def as_fresh_user(command: list[str]) -> tuple[list[str], dict[str, Any]]:
     """A bwrap ``command`` and the Popen arguments that run it as a fresh unprivileged user when this
     process is root (:func:`_as_unprivileged`), as itself otherwise.
@@ -380,7 +403,7 @@ def _supervise(command: Callable[[int, int], list[str]], stdin: bytes, limits: L
         resource.RLIMIT_AS: limits.memory_bytes,
         resource.RLIMIT_FSIZE: limits.file_bytes,
         resource.RLIMIT_NOFILE: limits.open_files,
-        resource.RLIMIT_NPROC: limits.processes,
+        resource.RLIMIT_NPROC: process_cap(limits.processes),
         resource.RLIMIT_CORE: 0,
     }
     seccomp = refused_calls()

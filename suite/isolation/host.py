@@ -40,6 +40,7 @@ from kvbench.graders.sandbox import (
     boundary,
     kill,
     launch,
+    process_cap,
     program_folder,
     refused_calls,
     rlimits,
@@ -69,7 +70,8 @@ class IsolationLimits:
     file_bytes: int = 64 << 20
     """Largest file it may write (a file in memory, memfd, counts too)."""
     processes: int = 32
-    """Processes and threads of the scorer's user, bubblewrap's own two included."""
+    """Processes and threads of the scorer's user, bubblewrap's own two included (an unprivileged host's
+    sandbox runs as its own user, whose tasks already running are added to the cap)."""
     open_files: int = 64
     """Open file descriptors of each of its processes."""
     reply_bytes: int = 1 << 32
@@ -87,7 +89,7 @@ class IsolationLimits:
             resource.RLIMIT_CORE: 0,
             resource.RLIMIT_FSIZE: self.file_bytes,
             resource.RLIMIT_NOFILE: self.open_files,
-            resource.RLIMIT_NPROC: self.processes,
+            resource.RLIMIT_NPROC: process_cap(self.processes),
         }
 
     def named(self, code: int | None) -> str:

@@ -14,6 +14,7 @@ import pytest
 from isolated_scorers import SLOW_IMPORT, hostile, run_through, scorer, started_policy, stop_scorers  # noqa: F401 (a fixture)
 
 from kvbench.errors import ScorerError, SpecError
+from kvbench.graders.sandbox import tasks_of
 from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
 from support import needs_sandbox
 
@@ -345,3 +346,24 @@ def test_the_limits_are_what_the_docs_say() -> None:
         f"{LIMITS.start_seconds:g} s",
     ):
         assert text in docs, text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user, which only root may")
+def test_the_process_count_is_the_users_own() -> None:
+    """The tasks the process cap adds for an unprivileged host (whose sandbox runs as itself), counted for
+    a user of its own that runs three processes, one of them with two more threads."""
+    uid = 1_400_000_000 + os.getpid()
+    sleeper = "threading.Thread(target=time.sleep, args=(60,)).start()"
+    threads = f"import threading, time\n{sleeper}\n{sleeper}"
+    started = [
+        subprocess.Popen(argv, user=uid, group=uid, extra_groups=[], stdout=subprocess.PIPE)
+        for argv in (["sleep", "60"], ["sleep", "60"], ["/usr/bin/python3", "-c", f"{threads}\nprint(1)"])
+    ]
+    try:
+        assert started[2].stdout is not None and started[2].stdout.readline() == b"1\n"
+        assert tasks_of(uid) == 2 + 3
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    assert tasks_of(uid) == 0
