@@ -86,7 +86,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--scorer-seconds",
         type=float,
         default=60.0,
-        help="with --isolate: an isolated scorer's time limit per event (default: 60)",
+        help="with --isolate: an isolated scorer's time limit per call (each event, and loading its file) "
+        "and the CPU seconds its processes may use per call (default: 60)",
     )
     ray = run.add_argument_group("executor (where the units of work run)")
     ray.add_argument(

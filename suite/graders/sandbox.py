@@ -2,11 +2,15 @@
 
 Every program runs in fresh user, mount, PID, IPC, UTS, cgroup and network namespaces made by ``bwrap``,
 started as an unprivileged user (a fresh, unused uid when the grader is root; ``nobody`` inside), with no
-capabilities:
+capabilities and no way to make further user namespaces (in one, an unprivileged process may mount a
+tmpfs of any size):
 
 - the file system is ``/usr`` read-only (the interpreter and its libraries), the program's folder
-  read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal
-  ``/dev``; no home, no dataset cache, no /etc, nothing of the grader's;
+  read-only, a fresh size-capped tmpfs as the only writable place, a private ``/proc`` and a minimal,
+  read-only ``/dev`` (its device nodes work; ``/dev/shm`` and ``/dev`` itself take no files, which would be
+  memory no limit counts); no home, no dataset cache, no /etc, nothing of the grader's;
+- a seccomp filter refuses ``memfd_create`` and ``shmget``: memory that outlives its mapping, which the
+  address-space limit does not count;
 - the environment is cleared; the network namespace has only its own loopback;
 - rlimits cap CPU time, address space, file size, open files and processes (the last one counted for
   that user alone, so a fork bomb stops at the cap);
@@ -21,12 +25,16 @@ enable: there is no weaker fallback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import platform
 import resource
 import secrets
 import selectors
 import shutil
 import signal
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -46,8 +54,18 @@ NOBODY = 65534
 FIRST_UID, UIDS = 1_500_000_000, 500_000_000
 """Outside, each sandbox runs as a user drawn from this range, which no account uses."""
 BWRAP_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+SETPRIV = "/usr/bin/setpriv"
+"""util-linux's setpriv: switches root to the fresh user where bwrap must start from root (as_fresh_user)."""
 INSIDE = "/sandbox"
 """Where the program's folder (read-only) appears inside the sandbox."""
+
+
+REFUSED_CALLS = {
+    "x86_64": (0xC000003E, {"memfd_create": 319, "shmget": 29}),
+    "aarch64": (0xC00000B7, {"memfd_create": 279, "shmget": 194}),
+}
+"""Per machine: its audit architecture and the system calls the seccomp filter refuses (memory that
+outlives its mapping: a file in memory, a System V shared-memory segment)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,11 @@ def interpreter() -> Path:
     return system if system.is_file() else Path(sys.executable).resolve()
 
 
+def _fresh_uid() -> int | None:
+    """A user id no account uses, drawn anew, when this process is root; None otherwise."""
+    return FIRST_UID + secrets.randbelow(UIDS) if os.geteuid() == 0 else None
+
+
 def _as_unprivileged() -> dict:
     """Popen arguments that start bwrap as a fresh unprivileged user when the grader is root.
 
@@ -113,10 +136,77 @@ def _as_unprivileged() -> dict:
     nothing else (not even the exited sandboxes that the system has yet to reap). An unprivileged grader
     starts bwrap as itself.
     """
-    if os.geteuid() == 0:
-        uid = FIRST_UID + secrets.randbelow(UIDS)
-        return {"user": uid, "group": uid, "extra_groups": []}
-    return {}
+    uid = _fresh_uid()
+    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+
+
+def process_cap(processes: int) -> int:
+    """RLIMIT_NPROC for a sandbox that may run ``processes`` processes and threads of its own. The limit
+    counts every task of the real user: a fresh user has none but the sandbox's, while an unprivileged
+    grader's sandbox runs as the grader's own user, whose tasks already running are added."""
+    return processes if os.geteuid() == 0 else processes + tasks_of(os.getuid())
+
+
+def tasks_of(uid: int) -> int:
+    """Processes and threads whose real user is ``uid``, now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            lines = Path(f"/proc/{entry.name}/status").read_text().splitlines()
+        except OSError:  # it ended
+            continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
+    return count
+
+
+def as_fresh_user(command: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """A bwrap ``command`` and the Popen arguments that run it as a fresh unprivileged user when this
+    process is root (:func:`_as_unprivileged`), as itself otherwise.
+
+    bwrap, started as that user, must reach every folder it binds. One that lies under a folder only root
+    may enter (a Python installed in root's home, mode 0700) is out of its reach: then bwrap starts from
+    root in a mount namespace of its own, where that private folder is an empty tmpfs showing only the
+    folders bound (nothing else of it), and ``setpriv`` switches to the fresh user, with no capabilities
+    and no new privileges, before the command's own bwrap starts.
+    """
+    sources = [Path(command[i + 1]) for i, arg in enumerate(command[:-1]) if arg == "--ro-bind"]
+    hidden = [source for source in sources if not _reachable(source)]
+    uid = _fresh_uid()
+    if uid is None or not hidden:
+        return command, _as_unprivileged()
+    view = ["--dev-bind", "/", "/", *_shown(hidden), "--die-with-parent", "--"]
+    switch = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+    return [command[0], *view, *switch, *command], {}
+
+
+def _reachable(folder: Path) -> bool:
+    """Whether any user may enter ``folder`` and each folder above it."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (folder, *folder.parents))
+
+
+def _shown(folders: list[Path]) -> list[str]:
+    """bwrap arguments that show each of ``folders`` read-only at its own path, over an empty tmpfs in
+    place of the topmost folder above it that other users may not enter."""
+    args: list[str] = []
+    made: set[Path] = set()
+    for folder in folders:
+        above = [*reversed(folder.parents)]
+        top = next((p for p in above if not p.stat().st_mode & stat.S_IXOTH), None)
+        if top is None:  # the folder itself is private: bound, it would still be unreadable
+            raise SandboxUnavailableError(
+                f"{folder} cannot be read by an unprivileged user, and the sandbox runs as one: "
+                f"chmod o+rx {folder}"
+            )
+        for step in above[above.index(top) :]:
+            if step not in made:
+                made.add(step)
+                args += ["--perms", "0755", "--tmpfs" if step == top else "--dir", str(step)]
+        args += ["--ro-bind", str(folder), str(folder)]
+    return args
 
 
 def rlimits(caps: dict[int, int]) -> Callable[[], None]:
@@ -163,24 +253,51 @@ def kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def refused_calls() -> int:
+    """A file descriptor holding the seccomp program for bwrap's ``--seccomp``: the calls of
+    REFUSED_CALLS fail with EPERM, and so does every call made through another architecture's entry (a
+    32-bit or x32 call on x86_64 has other numbers). The caller passes it to bwrap and then closes it."""
+    machine = platform.machine()
+    if machine not in REFUSED_CALLS:
+        raise SandboxUnavailableError(
+            f"the sandbox's seccomp filter knows the system calls of {', '.join(REFUSED_CALLS)}, not of "
+            f"{machine}: add its numbers to kvbench.graders.sandbox.REFUSED_CALLS"
+        )
+    arch, numbers = REFUSED_CALLS[machine]
+    load, equal, at_least, give = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    n = len(numbers)
+    program = [(load, 0, 0, 4), (equal, 0, n + 3, arch), (load, 0, 0, 0), (at_least, n + 1, 0, 0x40000000)]
+    program += [(equal, n - i, 0, number) for i, number in enumerate(numbers.values())]  # to "refuse"
+    program += [(give, 0, 0, allow), (give, 0, 0, refuse)]
+    fd = os.memfd_create("kvbench-seccomp")
+    os.write(fd, b"".join(struct.pack("=HBBI", *op) for op in program))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def boundary(
     bwrap: str,
     python: Path,
     folders: list[tuple[str, str]],
     scratch_bytes: int,
     environment: dict[str, str],
+    seccomp_fd: int,
     *,
     read_only_root: bool = False,
 ) -> list[str]:
-    """The bwrap arguments up to the program: fresh namespaces, no capabilities, the system and ``python``
-    read-only, each (outside, inside) folder read-only, a ``scratch_bytes`` tmpfs at /tmp as the working
-    folder, and an environment of PATH, HOME, LANG and ``environment`` only. ``read_only_root``: the new
-    root itself is read-only too (bwrap makes it a tmpfs that holds the mount points)."""
+    """The bwrap arguments up to the program: fresh namespaces, no capabilities, the seccomp program of
+    ``seccomp_fd`` (:func:`refused_calls`), the system and ``python`` read-only, each (outside, inside)
+    folder read-only, a ``scratch_bytes`` tmpfs at /tmp as the working folder, and an environment of PATH,
+    HOME, LANG and ``environment`` only. ``read_only_root``: the new root itself is read-only too (bwrap
+    makes it a tmpfs that holds the mount points)."""
     binds = [arg for outside, inside in folders for arg in ("--ro-bind", outside, inside)]
     variables = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **environment}
     return [
         bwrap,
         "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",
@@ -191,10 +308,14 @@ def boundary(
         str(NOBODY),
         "--hostname",
         "sandbox",
+        "--seccomp",
+        str(seccomp_fd),
         *system_mounts(python),
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        "--remount-ro",
         "/dev",
         "--size",
         str(scratch_bytes),
@@ -216,12 +337,15 @@ class Sandbox:
     def __init__(self, bwrap: str | None = None) -> None:
         self.bwrap = bwrap or shutil.which("bwrap")
 
-    def command(self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1) -> list[str]:
+    def command(
+        self, folder: str, argv: list[str], limits: Limits, result_fd: int = -1, seccomp_fd: int = -1
+    ) -> list[str]:
         """The bwrap command line running ``argv`` with the folder ``folder`` bound read-only inside."""
         python = interpreter()
         argv = [a.replace("{result_fd}", str(result_fd)) for a in argv]
+        environment = {"PYTHONHASHSEED": "0"}
         inside = boundary(
-            str(self.bwrap), python, [(folder, INSIDE)], limits.scratch_bytes, {"PYTHONHASHSEED": "0"}
+            str(self.bwrap), python, [(folder, INSIDE)], limits.scratch_bytes, environment, seccomp_fd
         )
         return [*inside, str(python), "-I", "-S", *argv]
 
@@ -243,7 +367,7 @@ class Sandbox:
         folder = program_folder("kvbench-program-", {name: text.encode() for name, text in files.items()})
         try:
             inside = [f"{INSIDE}/{a}" if a in files else a for a in argv]
-            return _supervise(lambda fd: self.command(str(folder), inside, limits, fd), stdin, limits)
+            return _supervise(lambda *fds: self.command(str(folder), inside, limits, *fds), stdin, limits)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -270,18 +394,24 @@ def _probe(bwrap: str | None) -> str | None:
     return None
 
 
-def _supervise(command: Callable[[int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
-    """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits."""
+def _supervise(command: Callable[[int, int], list[str]], stdin: bytes, limits: Limits) -> Outcome:
+    """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits.
+    ``command`` takes the result channel's and the seccomp program's file descriptors."""
     result_read, result_write = os.pipe()
     caps = {
         resource.RLIMIT_CPU: limits.cpu_seconds,
         resource.RLIMIT_AS: limits.memory_bytes,
         resource.RLIMIT_FSIZE: limits.file_bytes,
         resource.RLIMIT_NOFILE: limits.open_files,
-        resource.RLIMIT_NPROC: limits.processes,
+        resource.RLIMIT_NPROC: process_cap(limits.processes),
         resource.RLIMIT_CORE: 0,
     }
-    process = launch(command(result_write), rlimits(caps), pass_fds=(result_write,), **_as_unprivileged())
+    seccomp = refused_calls()
+    try:
+        line, user = as_fresh_user(command(result_write, seccomp))
+        process = launch(line, rlimits(caps), pass_fds=(result_write, seccomp), **user)
+    finally:
+        os.close(seccomp)
     os.close(result_write)
     assert process.stdin and process.stdout and process.stderr  # all three were opened as pipes
     threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()

@@ -2,8 +2,10 @@
 
 Run by kvbench.isolation.host inside the boundary as ``python -I -m kvbench.isolation.child FILE CLASS``.
 Requests come on stdin; replies go out on the stdout this process found at start, which is then pointed at
-stderr so that the scorer's prints cannot corrupt the replies. Whatever the scorer raises (SystemExit,
-KeyboardInterrupt and MemoryError included) is sent back by name; the parent decides what it means.
+stderr so that the scorer's prints cannot corrupt the replies. The first frame, sent before the scorer's
+file is read, says the process has started. Whatever the scorer raises (SystemExit, KeyboardInterrupt and
+MemoryError included) is sent back by name, with the traceback lines of the scorer's own file only; the
+parent decides what it means.
 """
 
 from __future__ import annotations
@@ -16,17 +18,26 @@ from typing import Any
 import torch
 
 from kvbench.isolation import messages, wire
+from kvbench.registry import load_file_policy
 
 MAX_REQUEST = 1 << 34
 
 
-def _failure(exc: BaseException) -> dict[str, Any]:
-    frames = traceback.format_exception(exc)
+def _failure(exc: BaseException, path: str) -> dict[str, Any]:
+    """The failure's reply: its type, message and errno, and the frames of the scorer's file ``path``
+    (kvbench's own frames, this harness's included, say nothing about the scorer's code)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain:  # an import error arrives wrapped (registry's SpecError)
+        chain.insert(0, cause)
+        cause = cause.__cause__ or cause.__context__
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
     return {
         "ok": False,
         "error": type(exc).__name__,
         "message": str(exc)[:2000],
-        "trace": "".join(frames)[-4000:],
+        "errno": exc.errno if isinstance(exc, OSError) else None,
+        "trace": "".join(traceback.format_list(frames))[-4000:],
     }
 
 
@@ -56,15 +67,14 @@ def serve(path: str, class_name: str) -> None:
     sys.stdout = sys.stderr
     requests = sys.stdin.buffer
     torch.set_num_threads(1)
+    wire.write(replies, {"ok": True, "op": "started"}, {})
     header, _ = wire.read(requests, MAX_REQUEST)
     try:
-        from kvbench.registry import load_file_policy
-
         policy = load_file_policy(path, class_name).cls(**header.get("params", {}))
         hello = _describe(policy)
         wire.encode(hello, {})  # a parameter that is not JSON fails here, by name
     except BaseException as exc:
-        wire.write(replies, _failure(exc), {})
+        wire.write(replies, _failure(exc, path), {})
         return
     wire.write(replies, hello, {})
     while True:
@@ -87,7 +97,7 @@ def serve(path: str, class_name: str) -> None:
                 reply = messages.state_reply(step.state)
             data = wire.encode(*reply)
         except BaseException as exc:
-            data = wire.encode(_failure(exc), {})
+            data = wire.encode(_failure(exc, path), {})
         replies.write(data)
         replies.flush()
 

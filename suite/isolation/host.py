@@ -3,16 +3,18 @@
 The scorer's file is copied into a folder of its own and imported only inside the child process, which
 runs under bubblewrap as the code grader's programs do (kvbench.graders.sandbox): fresh namespaces with
 no network, the system, this Python and kvbench's own code read-only, a small tmpfs as the only writable
-place, nothing else of this machine (no results, no task data, no home, no caches). The child sees what
-the policy contract gives at each event and returns scores and its own layer state, which are checked
-before the engine uses them; every call has a time limit. Decoding, the null, the full cache, graders
-and the store stay in the parent, which never imports the scorer.
+place, nothing else of this machine (no results, no task data, no home, no caches), as a fresh
+unprivileged user whose processes, threads, open files, file sizes, memory and CPU seconds are capped
+(IsolationLimits). The child sees what the policy contract gives at each event and returns scores and
+its own layer state, which are checked before the engine uses them; every call has a time limit. Decoding,
+the null, the full cache, graders and the store stay in the parent, which never imports the scorer.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import hashlib
 import os
 import resource
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,17 @@ from torch import Tensor
 
 from kvbench.core.contract import NEEDS, EvictionView, LayerState, Policy, StepView
 from kvbench.errors import ScorerError, SpecError
-from kvbench.graders.sandbox import Sandbox, boundary, kill, launch, program_folder, rlimits
+from kvbench.graders.sandbox import (
+    Sandbox,
+    as_fresh_user,
+    boundary,
+    kill,
+    launch,
+    process_cap,
+    program_folder,
+    refused_calls,
+    rlimits,
+)
 from kvbench.isolation import messages, wire
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
@@ -41,18 +54,59 @@ INSIDE = "/scorer"
 @dataclass(frozen=True)
 class IsolationLimits:
     seconds_per_call: float = 60.0
-    """The time limit of one event (a score or an observed step)."""
+    """The time limit of each call into the scorer's code: loading its file and making the policy, then
+    each event (a score or an observed step). ``--scorer-seconds``."""
     start_seconds: float = 180.0
-    """Starting the process: importing torch and the scorer's file."""
+    """Starting the process before any of the scorer's code runs: Python, torch and kvbench's own
+    modules, which take the same time whatever the scorer is (the scorer's import is a call)."""
+    cpu_seconds: float | None = None
+    """CPU seconds the scorer's processes may use from the end of one call to the end of the next, all
+    threads together (None: ``seconds_per_call``). A call's own thread cannot spend more than its time
+    limit; this catches the threads and processes that work beside it, or go on after it returned."""
     memory_bytes: int = 16 << 30
-    """Address space of the scorer's process (torch reserves much more than it touches)."""
+    """Address space of each of the scorer's processes (torch reserves much more than it touches)."""
     scratch_bytes: int = 64 << 20
+    """Size of the tmpfs at /tmp, the one place it may write (/dev and /dev/shm are read-only)."""
+    file_bytes: int = 64 << 20
+    """Largest file it may write (a file in memory, memfd, counts too)."""
+    processes: int = 32
+    """Processes and threads of the scorer's user, bubblewrap's own two included (an unprivileged host's
+    sandbox runs as its own user, whose tasks already running are added to the cap)."""
+    open_files: int = 64
+    """Open file descriptors of each of its processes."""
     reply_bytes: int = 1 << 32
     log_bytes: int = 64 << 10
     """The last bytes of the scorer's stderr kept, for the message when it fails."""
 
+    @property
+    def cpu_per_call(self) -> float:
+        return self.cpu_seconds if self.cpu_seconds is not None else self.seconds_per_call
 
-def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits) -> list[str]:
+    def caps(self) -> dict[int, int]:
+        """The rlimits of the scorer's processes."""
+        return {
+            resource.RLIMIT_AS: self.memory_bytes,
+            resource.RLIMIT_CORE: 0,
+            resource.RLIMIT_FSIZE: self.file_bytes,
+            resource.RLIMIT_NOFILE: self.open_files,
+            resource.RLIMIT_NPROC: process_cap(self.processes),
+        }
+
+    def named(self, code: int | None) -> str:
+        """Which limit an OSError's errno from the scorer points at ('' when none)."""
+        return {
+            errno.EAGAIN: f"the limit of {self.processes} processes and threads makes fork and new threads "
+            "fail with this error",
+            errno.EMFILE: f"the limit of {self.open_files} open files per process",
+            errno.EFBIG: f"the file-size limit of {self.file_bytes} bytes",
+            errno.ENOSPC: f"/tmp, the one writable place, holds {self.scratch_bytes} bytes",
+            errno.EROFS: f"only /tmp ({self.scratch_bytes} bytes) is writable",
+        }.get(code or -1, "")
+
+
+def _command(
+    bwrap: str, folder: Path, class_name: str, limits: IsolationLimits, seccomp_fd: int
+) -> list[str]:
     import kvbench.adapters
     import kvbench.policies
 
@@ -63,7 +117,7 @@ def _command(bwrap: str, folder: Path, class_name: str, limits: IsolationLimits)
     folders = [(path, path) for path in code] + [(str(folder), INSIDE)]
     environment = {"OMP_NUM_THREADS": "1"}
     inside = boundary(
-        bwrap, python.resolve(), folders, limits.scratch_bytes, environment, read_only_root=True
+        bwrap, python.resolve(), folders, limits.scratch_bytes, environment, seccomp_fd, read_only_root=True
     )
     return [*inside, str(python), "-I", "-m", "kvbench.isolation.child", f"{INSIDE}/scorer.py", class_name]
 
@@ -76,15 +130,19 @@ class ScorerProcess:
         sandbox.check()
         self.label, self.limits = label, limits
         self.folder = program_folder("kvbench-scorer-", {"scorer.py": source})
-        self.process = launch(
-            _command(str(sandbox.bwrap), self.folder, class_name, limits),
-            rlimits({resource.RLIMIT_AS: limits.memory_bytes, resource.RLIMIT_CORE: 0}),
-        )
+        seccomp = refused_calls()
+        try:
+            command = _command(str(sandbox.bwrap), self.folder, class_name, limits, seccomp)
+            line, user = as_fresh_user(command)
+            self.process = launch(line, rlimits(limits.caps()), pass_fds=(seccomp,), **user)
+        finally:
+            os.close(seccomp)
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self.log: collections.deque[bytes] = collections.deque()
         threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
         self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes)
+        self.cpu = _CpuWatch(self.process, limits.start_seconds)
 
     def _drain(self, stream: Any) -> None:
         size = 0
@@ -94,29 +152,56 @@ class ScorerProcess:
             while size > self.limits.log_bytes and len(self.log) > 1:
                 size -= len(self.log.popleft())
 
+    def started(self, where: str) -> None:
+        """Wait for the child's first frame, sent once Python, torch and kvbench's modules are loaded and
+        before any of the scorer's code runs; ScorerError past ``start_seconds``."""
+        seconds = self.limits.start_seconds
+        self._exchange(None, where, seconds, f"did not start within {seconds:g} s (Python, torch and "
+                       "kvbench's modules, before the scorer's file is read)")  # fmt: skip
+
     def call(
-        self, header: dict[str, Any], tensors: dict[str, Tensor], where: str, seconds: float
+        self,
+        header: dict[str, Any],
+        tensors: dict[str, Tensor],
+        where: str,
+        seconds: float,
+        per: str = "event",
     ) -> wire.Frame:
         """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late."""
+        late = f"no answer within {seconds:g} s, the time limit per {per}"
+        return self._exchange(wire.encode(header, tensors), where, seconds, late)
+
+    def _exchange(self, request: bytes | None, where: str, seconds: float, late: str) -> wire.Frame:
         if self.process.poll() is not None:
             raise ScorerError(f"{where}: the scorer's process is no longer running ({self._exit()})")
         self.pipes.deadline = time.monotonic() + seconds
         try:
-            self.pipes.write(wire.encode(header, tensors))
+            if request is not None:
+                self.pipes.write(request)
             header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
         except TimeoutError:
             self.close()
             raise ScorerError(
-                f"{where}: no answer within {seconds:g} s, the time limit per event; the scorer's process "
-                "was stopped (a scorer must return from every call)"
+                f"{where}: {late}; the scorer's process was stopped (a scorer must return from every call)"
             ) from None
         except (wire.WireError, OSError, ValueError) as exc:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.5)  # a frame cut short by the process's end: let it end
+            running = self.process.poll() is None
             self.close()
+            if running:  # it answered, in a frame this side cannot read
+                raise ScorerError(
+                    f"{where}: kvbench (the host) could not read the scorer's reply frame, "
+                    f"which is malformed: {exc}; the scorer's process was stopped"
+                ) from None
             raise ScorerError(f"{where}: the scorer's process broke off ({self._exit()}; {exc})") from None
+        self.cpu.charge(self.limits.cpu_per_call)
         if not header.get("ok"):
             name, message = header.get("error", "an error"), header.get("message", "")
+            limit = self.limits.named(header.get("errno"))
+            limit = f" ({limit})" if limit else ""
             detail = str(header.get("trace", "")).strip().splitlines()[-6:]
-            raise ScorerError(f"{where} raised {name}: {message}\n" + "\n".join(detail))
+            raise ScorerError(f"{where} raised {name}: {message}{limit}\n" + "\n".join(detail))
         return header, tensors
 
     def _exit(self) -> str:
@@ -125,10 +210,64 @@ class ScorerProcess:
         status = self.process.returncode
         tail = b"".join(self.log).decode(errors="replace").strip().splitlines()[-5:]
         said = f"; its last words: {' | '.join(tail)}" if tail else ""
-        return f"exit status {status}{said}"
+        why = f"; {self.cpu.stopped}" if self.cpu.stopped else ""
+        return f"exit status {status}{why}{said}"
 
     def close(self) -> None:
         self._finalizer()
+
+
+class _CpuWatch:
+    """Stops the scorer's process tree once it has used more CPU seconds since the end of its last call
+    than one call may: an rlimit counts a process's whole life, and the threads or processes a scorer
+    starts beside its call, or leaves running after it, would otherwise work unchecked between events."""
+
+    def __init__(self, process: subprocess.Popen, budget: float) -> None:
+        self.process, self.budget, self.base = process, budget, 0.0
+        self.stopped = ""
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def charge(self, budget: float) -> None:
+        """A call ended: the next window starts now, with ``budget`` CPU seconds."""
+        self.base, self.budget = _tree_cpu_seconds(self.process.pid), budget
+
+    def _watch(self) -> None:
+        while self.process.poll() is None:
+            time.sleep(0.5)
+            used = _tree_cpu_seconds(self.process.pid) - self.base
+            if used > self.budget:
+                self.stopped = (
+                    f"stopped: its processes used {used:.1f} CPU seconds since the end of its last call, "
+                    f"over the limit of {self.budget:g} per call (--scorer-seconds)"
+                )
+                kill(self.process)
+                return
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user and system) of process ``root`` and every process below it, those it has reaped
+    included: bubblewrap's init reaps what its children leave, so no process of the tree escapes."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:  # it ended
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    total = 0
+    for pid, count in ticks.items():
+        up = pid
+        while up > 1 and up != root:
+            up = parents.get(up, 0)
+        if up == root:
+            total += count
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes) -> None:
@@ -222,8 +361,13 @@ class IsolatedPolicy(Policy):
         label = f"{self.file_name}:{self.class_name}"
         self.process = ScorerProcess(self.source, self.class_name, label, self.limits)
         try:
+            self.process.started(f"scorer {label}")
             hello, _ = self.process.call(
-                {"op": "hello", "params": params}, {}, f"scorer {label}", self.limits.start_seconds
+                {"op": "hello", "params": params},
+                {},
+                f"scorer {label}",
+                self.limits.seconds_per_call,
+                "call (--scorer-seconds; loading the file and making the policy is one)",
             )
         except ScorerError as exc:  # it does not load: a problem of the file, named by its path here
             raise SpecError(str(exc).replace(f"{INSIDE}/scorer.py", self.path)) from None
@@ -249,15 +393,17 @@ class IsolatedPolicy(Policy):
         )
         if "scores" not in tensors:
             raise ScorerError(f"{where}: the scorer's process returned no scores")
-        _take_state(view.state, header, tensors, view.keys.shape[:2], where)
-        return tensors["scores"].to(view.keys.device)
+        with _reading(where):
+            _take_state(view.state, header, tensors, view.keys.shape[:2], where)
+            return tensors["scores"].to(view.keys.device)
 
     def observe(self, step: StepView) -> None:
         where = f"policy {self.name!r} observing layer {step.layer} at step {step.step}"
         header, tensors = self._running().call(
             *messages.step_request(step), where, self.limits.seconds_per_call
         )
-        _take_state(step.state, header, tensors, step.positions.shape[:2], where)
+        with _reading(where):
+            _take_state(step.state, header, tensors, step.positions.shape[:2], where)
 
     def close(self) -> None:
         if self.process is not None:
@@ -265,6 +411,21 @@ class IsolatedPolicy(Policy):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**vars(self), "process": None}
+
+
+@contextlib.contextmanager
+def _reading(where: str) -> Iterator[None]:
+    """Reading a reply that came in whole: what fails here is this side's reading of a malformed reply (a
+    state's fills that are not numbers, a missing field), not the scorer's code raising, and is named so."""
+    try:
+        yield
+    except ScorerError:
+        raise
+    except Exception as exc:
+        raise ScorerError(
+            f"{where}: kvbench (the host) could not read the scorer's reply, whose header or tensors are "
+            f"malformed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _take_state(

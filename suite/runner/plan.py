@@ -139,7 +139,7 @@ class RunRequest:
     isolate: bool = False
     """Scorers from files run in a process of their own behind the sandbox (kvbench.isolation)."""
     scorer_seconds: float = 60.0
-    """An isolated scorer's time limit per event."""
+    """An isolated scorer's time limit per call (an event, loading its file) and CPU seconds per call."""
 
 
 def _policy(text: str, request: RunRequest) -> Policy:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from isolated_scorers import SLOW_IMPORT
 
 from kvbench.results.check import outputs_digest
 from support import needs_sandbox
@@ -72,3 +73,14 @@ def test_a_stalled_isolated_scorer_is_stopped_with_its_place_named(tmp_path: Pat
         "policy 'stalls' at layer 0, eviction event 0: no answer within 2 s, the time limit per event"
         in done.stderr
     )
+
+
+def test_a_scorer_whose_import_stalls_is_stopped_at_scorer_seconds(tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text(SLOW_IMPORT)
+    started = time.monotonic()
+    done = run(tmp_path, "--policy", "slow.py:SlowImport", "--isolate", "--scorer-seconds", "2")
+    assert done.returncode != 0
+    assert time.monotonic() - started < 55  # it did not wait for the import
+    assert "scorer slow.py:SlowImport: no answer within 2 s, the time limit per call (--scorer-seconds" in (
+        done.stderr
+    ), done.stderr

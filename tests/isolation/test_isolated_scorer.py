@@ -11,33 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic_adapter import synthetic_model
+from isolated_scorers import hostile, run_through, scorer, started_policy, stop_scorers  # noqa: F401 (a fixture)
 
-from kvbench.core.schedule import Schedule
 from kvbench.errors import ScorerError, SpecError
-from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
 from kvbench.registry import load_file_policy, policy_record
-from support import RecordingBackend, needs_sandbox
+from support import needs_sandbox
 
 pytestmark = needs_sandbox
-
-_STARTED: list[IsolatedPolicy] = []
-
-
-def started_policy(*args, **kwargs) -> IsolatedPolicy:
-    """An IsolatedPolicy whose scorer process this test stops when it ends (a failed call leaves the
-    process running, and the test's traceback keeps the policy alive)."""
-    started = IsolatedPolicy(*args, **kwargs)
-    _STARTED.append(started)
-    return started
-
-
-@pytest.fixture(autouse=True)
-def _stop_scorers():
-    yield
-    while _STARTED:
-        _STARTED.pop().close()
-
 
 STATEFUL = textwrap.dedent(
     '''
@@ -74,42 +54,11 @@ STATEFUL = textwrap.dedent(
 )
 
 
-def scorer(tmp_path: Path, body: str, name: str = "scorer.py") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return path
-
-
-def hostile(tmp_path: Path, score_body: str, name: str = "hostile", seconds: float = 30) -> IsolatedPolicy:
-    body = f'''
-import os, socket, sys, time
-import torch
-from kvbench import Policy, policy
-
-@policy("{name}")
-class Hostile(Policy):
-    target: str = ""
-
-    def score(self, view):
-{textwrap.indent(textwrap.dedent(score_body), "        ")}
-        return view.keys.float().norm(dim=-1)
-'''
-    return started_policy(scorer(tmp_path, body), "Hostile", {}, IsolationLimits(seconds_per_call=seconds))
-
-
-def _run(policy, steps: int = 30) -> RecordingBackend:
-    model = synthetic_model(layers=2, q_heads=4, kv_heads=2, head_dim=8)
-    backend = RecordingBackend(policy, Schedule(budget=16, buffer=4), model, prompt_len=3, row_seeds=[5, 9])
-    for _ in range(steps):
-        backend.step()
-    return backend
-
-
 def test_isolated_and_in_process_keep_the_same_tokens_state_and_draws(tmp_path: Path) -> None:
     path = scorer(tmp_path, STATEFUL)
-    local = _run(load_file_policy(str(path), "AccumulatingJitter").cls())
+    local = run_through(load_file_policy(str(path), "AccumulatingJitter").cls())
     isolated = started_policy(path, "AccumulatingJitter", {})
-    apart = _run(isolated)
+    apart = run_through(isolated)
     assert local.evictor.stats.events >= 3
     for ours, theirs in zip(local.layers, apart.layers, strict=True):
         assert torch.equal(ours.positions, theirs.positions)
@@ -143,7 +92,7 @@ def test_the_scorer_reaches_no_file_no_network_and_no_environment_outside(tmp_pa
             ),
         ]:
             with pytest.raises(ScorerError) as raised:
-                _run(hostile(tmp_path, attempt), steps=20)
+                run_through(hostile(tmp_path, attempt), steps=20)
                 pytest.fail(f"the scorer did {attempt!r}")
             assert "policy 'hostile' at layer 0, eviction event 0 raised" in str(raised.value)
             assert expected in str(raised.value), str(raised.value)
@@ -166,7 +115,7 @@ def test_what_the_scorer_raises_is_named_with_its_policy_layer_and_event(
     tmp_path: Path, action: str, named: str
 ) -> None:
     with pytest.raises(ScorerError) as raised:
-        _run(hostile(tmp_path, action), steps=20)
+        run_through(hostile(tmp_path, action), steps=20)
     assert f"policy 'hostile' at layer 0, eviction event 0 raised {named}" in str(raised.value)
 
 
@@ -174,7 +123,7 @@ def test_a_scorer_that_never_returns_is_stopped_at_the_time_limit(tmp_path: Path
     policy = hostile(tmp_path, "while True:\n    time.sleep(1)", seconds=3)
     started = time.monotonic()
     with pytest.raises(ScorerError) as raised:
-        _run(policy, steps=20)
+        run_through(policy, steps=20)
     assert time.monotonic() - started < 30
     assert "policy 'hostile' at layer 0, eviction event 0: no answer within 3 s" in str(raised.value)
     assert policy.process is not None and policy.process.process.poll() is not None  # it was stopped
@@ -182,7 +131,7 @@ def test_a_scorer_that_never_returns_is_stopped_at_the_time_limit(tmp_path: Path
 
 def test_a_scorer_that_exits_its_process_is_named(tmp_path: Path) -> None:
     with pytest.raises(ScorerError) as raised:
-        _run(hostile(tmp_path, "os._exit(3)"), steps=20)
+        run_through(hostile(tmp_path, "os._exit(3)"), steps=20)
     assert (
         "policy 'hostile' at layer 0, eviction event 0: the scorer's process broke off (exit status 3"
         in str(raised.value)
@@ -192,7 +141,7 @@ def test_a_scorer_that_exits_its_process_is_named(tmp_path: Path) -> None:
 def test_state_that_does_not_line_up_with_the_cache_is_refused(tmp_path: Path) -> None:
     body = "view.state.register_slot('bad', torch.zeros(1, 7, 3))"
     with pytest.raises(ScorerError, match=r"layer state 'slot.bad' of shape \(1, 7, 3\)"):
-        _run(hostile(tmp_path, body), steps=20)
+        run_through(hostile(tmp_path, body), steps=20)
 
 
 def test_a_file_scorer_may_not_take_a_built_in_name(tmp_path: Path) -> None:
