@@ -88,7 +88,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--scorer-seconds",
         type=float,
         default=60.0,
-        help="time limit per event of a submitted scorer, which always runs isolated (default: 60)",
+        help="a submitted scorer (always isolated): its time limit per call (each event, and loading its "
+        "file) and the CPU seconds its processes may use per call (default: 60)",
     )
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=verify_command)
