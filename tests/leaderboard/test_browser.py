@@ -8,6 +8,7 @@ in artifacts/ (or $KVBENCH_ARTIFACTS).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -72,24 +73,28 @@ def wait_until_healthy(url: str, server: subprocess.Popen, timeout: float = 90) 
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
+@contextlib.contextmanager
+def serving(database: Path, folder: Path, *flags: str) -> Iterator[str]:
+    """`kvbench leaderboard` on ``database`` with ``flags``, its log in ``folder``: its address, while
+    it runs; stopped afterwards."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (folder / "server.log").open("w") as log:
+        command = [KVBENCH, "leaderboard", "--db", str(database), "--port", str(port), *flags]
+        server = subprocess.Popen(command, stdout=log, stderr=log)
+        try:
+            wait_until_healthy(url, server)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def served(board_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One `kvbench leaderboard --public` for every test here; stopping it must stop Streamlit too."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path_factory.mktemp("served") / "server.log").open("w")
-    server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(board_db), "--port", str(port), "--public"],
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        wait_until_healthy(url, server)
+    with serving(board_db, tmp_path_factory.mktemp("served"), "--public") as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
     with pytest.raises(OSError):  # stopping `kvbench leaderboard` stopped its Streamlit server too
         time.sleep(2)
         urllib.request.urlopen(f"{url}/_stcore/health", timeout=5)
@@ -267,14 +272,7 @@ def test_one_ratio_shows_points_the_null_band_and_the_full_cache(
 ) -> None:
     """After `make run` (one ratio) the budget view draws something visible: a point per arm, the null's
     band and the full cache's line (plotly's shapes layer), and says that a curve needs more ratios."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(one_ratio_db), "--port", str(port)], stdout=log, stderr=log
-    )
-    try:
-        wait_until_healthy(url, server)
+    with serving(one_ratio_db, tmp_path) as url:
         page = fresh_page(browser)
         page.goto(f"{url}/?view=Budget+curves")
         panel = page.get_by_role("tabpanel", name="Budget curves")
@@ -289,10 +287,6 @@ def test_one_ratio_shows_points_the_null_band_and_the_full_cache(
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "leaderboard-one-ratio.png"), full_page=True)
         page.context.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 MARKUP = (
@@ -345,14 +339,7 @@ def hostile_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_text_from_a_bundle_is_shown_as_text_never_as_markup(
     hostile_board: Path, browser: Browser, tmp_path: Path
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(hostile_board), "--port", str(port)], stdout=log, stderr=log
-    )
-    try:
-        wait_until_healthy(url, server)
+    with serving(hostile_board, tmp_path) as url:
         page = fresh_page(browser)
         dialogs: list[str] = []
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
@@ -390,7 +377,3 @@ def test_text_from_a_bundle_is_shown_as_text_never_as_markup(
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "leaderboard-hostile-text.png"), full_page=True)
         page.context.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
