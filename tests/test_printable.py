@@ -5,6 +5,7 @@ consoles."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,25 @@ def test_the_console_prints_no_control_character_of_a_table_cell_or_a_line() -> 
     assert "\x1b]" not in written and "\x1b[2J" not in written and "\x9b" not in written, repr(written)
     assert r"\x1b]0;pwned\x1b[2J[red]y[/]" in written  # rich drops BEL itself; markup is text
     assert "\x1b[1m" in written  # the console's own bold
+
+
+def test_kvbench_list_prints_an_installed_policys_docstring_escaped(tmp_path: Path) -> None:
+    """An installed package's policy (entry point group kvbench.policies) describes itself."""
+    info = tmp_path / "pwnplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pwnplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvbench.policies]\npwn-plug = pwnplug:Plug\n")
+    (tmp_path / "pwnplug.py").write_text(
+        "from kvbench import Policy, policy\n\n\n"
+        f"@policy('pwn-plug')\nclass Plug(Policy):\n    {('Keeps all. ' + HOSTILE)!r}\n"
+    )
+    done = subprocess.run(
+        [KVBENCH, "list", "policies"],
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"\x1b" not in done.stdout + done.stderr and b"\x07" not in done.stdout
+    assert f"pwn-plug\tKeeps all. {SHOWN}" in done.stdout.decode().splitlines()
