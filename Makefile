@@ -139,7 +139,7 @@ mutants: venv
 	.mutmut-venv/bin/mutmut results
 
 # mypy over the package as Python imports it (tools/typecheck.py lays out pyproject's package-dir mapping),
-# and import-linter's contracts (pyproject.toml: the layers of DESIGN.md section 9, no cycles) likewise.
+# and import-linter's contracts (pyproject.toml: the layers docs/architecture.md describes, no cycles) likewise.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

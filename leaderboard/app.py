@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from kvbench.errors import StorageError
-from kvbench.leaderboard import analysis, charts, downloads, permalink, queries, retention
+from kvbench.leaderboard import analysis, charts, curves, downloads, permalink, queries, retention
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
 from kvbench.leaderboard.display import MISSING, code, literal, split_shared
@@ -57,8 +57,12 @@ METHOD = (
     "the full cache's. K/N_avg: the budget over the task's reference mean length; K held/N_avg, "
     "bytes/token, byte budget: the tokens "
     "the cache held after each event, what one cost and what they cost together per sequence (a "
-    "mixed-precision protocol holds more tokens in the same bytes). *verified*: a maintainer re-ran a "
-    "sample of the submission's problems (`kvbench verify`); *local*: runs no submission holds."
+    "mixed-precision protocol holds more tokens in the same bytes). Each submission's policies are paired "
+    "with its own null and full cache, and Holm-corrected among themselves. *verified (identical "
+    "outputs)*: a maintainer re-ran a sample of the submission's problems (`kvbench verify`) on the "
+    "machine the runs recorded and got the same outputs; *verified (paired scores)*: on another machine, "
+    "with scores inside the runs' intervals; *conflict*: another submission holds other outputs of the "
+    "same spec on the same machine; *local*: runs no submission holds."
 )
 # What the table opens with, the verdict pinned beside the policy so that a narrow screen still shows it
 # (a comment: Streamlit's magic would print a bare string here on the page).
@@ -126,12 +130,13 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     for f in (
         queries.choices,
         queries.leaderboard,
-        queries.budget_curves,
-        queries.curve_groups,
+        curves.budget_curves,
+        curves.curve_groups,
         queries.efficiency,
         queries.policy_runs,
         queries.problems,
         queries.provenance,
+        queries.trust_notices,
         queries.policy_documentation,
         h2h.head_to_head,
         downloads.sample_count,
@@ -203,6 +208,7 @@ def _page(database: Path, public: bool) -> None:
         chosen.seed, chosen.quantity,
     )  # fmt: skip
     with views["Leaderboard"]:
+        _trust_view(query("trust_notices"))
         title = f"{literal(chosen.model)} · {literal(chosen.protocol)} · {chosen.compression.label}"
         _leaderboard_view(table, title)
     with views["Head-to-head"]:
@@ -314,6 +320,24 @@ def _empty_page(database: Path, public: bool) -> None:
         )
     with st.expander("About kvbench and this leaderboard"):  # what the page would show, and how
         st.markdown(ABOUT)
+
+
+def _trust_view(notices: queries.Notices) -> None:
+    """Runs taken off the board by a failed verification, and runs that disagree on one machine: named
+    above every table (their cells come from bundles, so they are shown as table cells, never Markdown)."""
+    if not notices.failed.empty:
+        st.error(
+            f"{len(notices.failed)} submitted run(s) failed verification and no longer count: no verdict, "
+            "pairing or curve on this board reads them."
+        )
+        _table(notices.failed, key="failed_runs")
+    if not notices.conflicts.empty:
+        st.warning(
+            f"{len(notices.conflicts)} run(s) conflict: two submissions recorded the same spec on the same "
+            "machine (versions, CPU features, GPU and driver) with other outputs. Both count, marked "
+            "*conflict*, until the maintainer's `kvbench verify` of both decides which is right."
+        )
+        _table(notices.conflicts, key="conflicts")
 
 
 def _leaderboard_view(table: queries.Table, title: str) -> None:
@@ -480,20 +504,20 @@ def _curves_view(query, chosen: Selection) -> None:
     model, protocol, quantity = chosen.model, chosen.protocol, chosen.quantity
     groups = query("curve_groups", model, protocol, quantity)
     task = st.selectbox("tasks", list(groups), key="curve_task", help=POOLS_HELP)
-    curves = query("budget_curves", model, protocol, groups.get(task), chosen.runtime, chosen.seed, quantity)
-    if curves[curves["ratio"].notna()]["ratio"].nunique() < 1:
+    lines = query("budget_curves", model, protocol, groups.get(task), chosen.runtime, chosen.seed, quantity)
+    if lines[lines["ratio"].notna()]["ratio"].nunique() < 1:
         st.info(
             f"No ratio-based runs with {quantity}: run a suite with `ratios:` "
             "(e.g. `kvbench run --suite probes`)."
         )
         return
-    if curves["ratio"].nunique() == 1:
+    if lines["ratio"].nunique() == 1:
         st.info(
             "These runs have one compression ratio, so each arm is a point, not a curve: a budget curve "
             "needs several (`kvbench run --suite probes` runs every built-in policy at 2x, 4x and 8x)."
         )
     title = f"{model}, {task}: {quantity} against compression"
-    st.plotly_chart(charts.budget_curves(curves, title, quantity), key="curves")
+    st.plotly_chart(charts.budget_curves(lines, title, quantity), key="curves")
 
 
 def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> None:

@@ -30,9 +30,12 @@ ROLE_SUFFIX: dict[str, str] = {Role.NULL: " (null)", Role.REFERENCE: " (full cac
 
 def arm_label(arm: ArmKey, arms: Sequence[ArmKey]) -> str:
     """An arm's name in a menu: its policy, its parameters when the policy has several settings in the
-    table, and its role when it is the null or the full cache."""
+    table, its role when it is the null or the full cache, and its submission when the table holds
+    several."""
     settings = {a.params for a in arms if a.policy == arm.policy and a.role == arm.role}
     label = arm.policy if len(settings) == 1 else setting_label(arm.policy, arm.params)
+    if len({a.source for a in arms}) > 1:
+        label += f" @{arm.source[:8]}" if arm.source else " (local)"
     return label + ROLE_SUFFIX.get(arm.role, "")
 
 
@@ -60,7 +63,7 @@ def head_to_head(
         runs = [r for r in table_runs(con, model, protocol, compression, runtime, seed) if r.arm in (a, b)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
     # as in the table: an arm run twice on a task is represented by its run with the most samples
-    chosen: dict[tuple[str, str, str], dict[str, StoredRun]] = {a: {}, b: {}}
+    chosen: dict[tuple[str, str, str, str], dict[str, StoredRun]] = {a: {}, b: {}}
     for run in most_complete(runs, summaries, key=lambda r: (r.task, *r.arm)):
         chosen[run.arm][run.task] = run
     common = sorted(set(chosen[a]) & set(chosen[b]))

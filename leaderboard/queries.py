@@ -20,7 +20,8 @@ import pandas as pd
 
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
-from kvbench.leaderboard.submissions import LOCAL, arm_badge, held_runs
+from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
+from kvbench.leaderboard.submissions import notices as board_notices
 from kvbench.results.compare import effect_text, needed_text, task_tables
 from kvbench.results.comparison import (
     RUNTIME,
@@ -32,10 +33,9 @@ from kvbench.results.comparison import (
     task_metrics,
 )
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
-from kvbench.results.summary import QUANTITIES, CellSummary, most_complete, summarize
-from kvbench.specs.metric_kind import Metric, pools, task_metric
+from kvbench.results.summary import CellSummary, summarize
+from kvbench.specs.metric_kind import Metric, pools
 from kvbench.specs.resolved import Role
-from kvbench.specs.task import TaskSpec
 from kvbench.store.ingest import reading
 
 
@@ -130,7 +130,7 @@ def choices(
     return Choices(models, protocols, compressions, runtimes, seeds)
 
 
-def _context_or_first(
+def context_or_first(
     con: duckdb.DuckDBPyConnection, model: str, protocol: str, runtime: str | None, seed: int | None
 ) -> tuple[str, int]:
     """The runtime and protocol seed asked for, or the first stored ones."""
@@ -149,11 +149,13 @@ def _context_or_first(
 
 
 class ArmKey(NamedTuple):
-    """An arm of a table: a policy with its parameters (the stored JSON) and its role."""
+    """An arm of a table: a policy with its parameters (the stored JSON) and its role, from one source
+    (a submission's sha256 on a board, LOCAL for one's own runs)."""
 
     policy: str
     params: str
     role: str
+    source: str = ""
 
 
 POOLED = "pooled {}"
@@ -236,6 +238,7 @@ def leaderboard(
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
+        conflicting = conflicting_runs(con)
         memory = _memory(con, run_ids)
     metrics = task_metrics(runs, quantity)
     by_kind = pools(metrics, common)
@@ -248,7 +251,7 @@ def leaderboard(
     per_task = _per_task(runs, summaries, null) if len(tasks) > 1 else {}
     records = []
     for arm in shown:
-        key = ArmKey(arm.policy, arm.params, arm.role)
+        key = _key(arm)
         record = _record(arm, tasks, summaries) | _memory_columns(arm, memory)
         if "" in groups:
             record |= _tested(arm, "") | {"average": arm.score.value, "average ± CI": _interval(arm.score)}
@@ -258,13 +261,13 @@ def leaderboard(
             record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
         for task, results in per_task.items():
             record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
-        records.append(record | _badges(arm, held))
+        records.append(record | _badges(arm, held, conflicting))
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
-        if (arm.policy, arm.params) in mismatched:
+        if (arm.policy, arm.params, arm.source) in mismatched:
             record["problems × samples"] += " ≠ null"
     frame = pd.DataFrame.from_records(records)
-    keys = [ArmKey(a.policy, a.params, a.role) for a in shown]
+    keys = [_key(a) for a in shown]
     if not frame.empty:
         ranks = [_rank(arm, by_kind, summaries) for arm in shown]
         order = sorted(range(len(shown)), key=lambda i: ranks[i])  # stable: ties keep the builder's order
@@ -274,8 +277,12 @@ def leaderboard(
     return Table(frame, tasks, common, run_ids, keys, metrics, pool_labels, list(mismatched.values()))
 
 
+def _key(arm: ArmResult) -> ArmKey:
+    return ArmKey(arm.policy, arm.params, arm.role, arm.source)
+
+
 def _by_arm(arms: list[ArmResult]) -> dict[ArmKey, ArmResult]:
-    return {ArmKey(a.policy, a.params, a.role): a for a in arms}
+    return {_key(a): a for a in arms}
 
 
 def _per_task(
@@ -303,25 +310,26 @@ def _rank(arm: ArmResult, by_kind: dict[str, list[str]], summaries: dict[str, Ce
 
 def _mismatches(
     arms: list[ArmResult], tasks: list[str], summaries: dict[str, CellSummary]
-) -> dict[tuple[str, str], str]:
-    """Arms ((policy, params) -> a phrase) that scored other problems than the null on this table's
-    tasks: their cells average their own problems, while Δ vs null, W/T/L and the verdicts pair the shared
-    ones. A policy with several settings in the table is named with its parameters."""
+) -> dict[tuple[str, str, str], str]:
+    """Arms ((policy, params, source) -> a phrase) that scored other problems than their null (the null
+    of their own source) on this table's tasks: their cells average their own problems, while Δ vs null,
+    W/T/L and the verdicts pair the shared ones. A policy with several settings in the table is named
+    with its parameters."""
 
     def problems(arm: ArmResult) -> set[tuple[str, str]]:
         return {(t, p) for t in tasks if t in arm.runs for p in summaries[arm.runs[t].run_id].scores}
 
-    null = next((a for a in arms if a.role == Role.NULL), None)
-    if null is None:
-        return {}
-    expected = problems(null)
+    nulls = {a.source: problems(a) for a in arms if a.role == Role.NULL}
     found = {}
     for arm in arms:
+        expected = nulls.get(arm.source)
+        if expected is None or arm.role == Role.NULL:
+            continue
         held = problems(arm)
-        if arm.role != Role.NULL and held != expected:
+        if held != expected:
             settings = {a.params for a in arms if a.policy == arm.policy}
             name = arm.policy if len(settings) == 1 else setting_label(arm.policy, arm.params)
-            found[(arm.policy, arm.params)] = (
+            found[(arm.policy, arm.params, arm.source)] = (
                 f"{name} scored {len(held)} problems, the null {len(expected)}, both {len(held & expected)}"
             )
     return found
@@ -336,7 +344,7 @@ def table_runs(
     seed: int | None,
 ) -> list[StoredRun]:
     """The runs of one table (the full cache's on the table's tasks only), in creation order."""
-    runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
+    runtime, seed = context_or_first(con, model, protocol, runtime, seed)
     runs = [
         r
         for r in stored_runs(con, model=model, protocol=protocol)
@@ -372,8 +380,8 @@ def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]
     }
 
 
-def _badges(arm: ArmResult, held: pd.DataFrame) -> dict[str, str]:
-    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held)
+def _badges(arm: ArmResult, held: pd.DataFrame, conflicting: set[str]) -> dict[str, str]:
+    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
     return {"submission": submission, "verified": verified}
 
 
@@ -446,106 +454,6 @@ BADGES = {
 
 def _badge(verdict: str | None) -> str:
     return BADGES.get(verdict or "", MISSING)
-
-
-_CURVE_RUNS = f"""
-SELECT run_id, task, policy, policy_params, role, ratio FROM runs
-WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
-  AND (ratio IS NOT NULL OR role = 'reference')
-  AND list_contains(?, task)
-ORDER BY created, run_id
-"""
-
-
-class _CurveRun(NamedTuple):
-    run_id: str
-    task: str
-    policy: str
-    params: str
-    role: str
-    ratio: float | None
-
-    @property
-    def arm_at_ratio(self) -> tuple[str, str, str, str, float | None]:
-        return self.task, self.policy, self.params, self.role, self.ratio
-
-
-def budget_curves(
-    database: Path,
-    model: str,
-    protocol: str,
-    tasks: tuple[str, ...] | None = None,
-    runtime: str | None = None,
-    seed: int | None = None,
-    quantity: str = "score",
-) -> pd.DataFrame:
-    """Score (or another of QUANTITIES) against compression ratio per arm, pooled over ``tasks`` (those
-    of them that have it; None: the first of curve_groups, never tasks of two kinds), with 95% CIs.
-
-    An arm is a policy with its parameters: a policy run with two settings draws two lines, labelled by
-    their parameters. The full cache has no ratio: it appears once, with ``ratio`` missing, to be drawn
-    as a line over the same tasks as the curves.
-    """
-    if tasks is None:
-        tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
-    with connect(database) as con:
-        runtime, seed = _context_or_first(con, model, protocol, runtime, seed)
-        found = con.execute(_CURVE_RUNS, [model, protocol, runtime, seed, list(tasks)]).fetchall()
-        runs = [_CurveRun(*row) for row in found]
-        summaries = summarize(con, [r.run_id for r in runs], quantity)
-    runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
-    swept = {r.task for r in runs if r.ratio is not None}
-    settings: dict[str, set[str]] = {}
-    groups: dict[tuple[str, str, str, float | None], dict[str, dict[str, float]]] = {}
-    for run in runs:
-        if run.task in swept:  # the full cache's line pools the same tasks as the curves
-            settings.setdefault(run.policy, set()).add(run.params)
-            arm = (run.policy, run.params, run.role, run.ratio)
-            groups.setdefault(arm, {})[run.task] = summaries[run.run_id].scores
-    records = []
-    for (policy, params, role, ratio), by_task in sorted(
-        groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][3] or 0)
-    ):
-        estimate = bootstrap_mean(list(pool(by_task).values()))
-        label = policy if len(settings[policy]) == 1 else setting_label(policy, params)
-        records.append(
-            {
-                "policy": label,
-                "role": role,
-                "ratio": ratio,
-                "score": estimate.value,
-                "low": estimate.low,
-                "high": estimate.high,
-                "problems": estimate.problems,
-            }
-        )
-    return pd.DataFrame.from_records(
-        records, columns=["policy", "role", "ratio", "score", "low", "high", "problems"]
-    )
-
-
-def curve_groups(
-    database: Path, model: str, protocol: str, quantity: str = "score"
-) -> dict[str, tuple[str, ...]]:
-    """What a budget curve can pool, label -> tasks: the swept tasks (run at a ratio) of each kind of metric
-    pooled (where a kind has two or more; "all tasks" when every task is of one kind), then each alone."""
-    with connect(database) as con:
-        found = con.execute(
-            "SELECT task, any_value(spec->'task') FROM runs WHERE model = ? AND protocol = ? "
-            "AND ratio IS NOT NULL GROUP BY task ORDER BY task",
-            [model, protocol],
-        ).fetchall()
-    metrics = {
-        task: task_metric(TaskSpec.model_validate(json.loads(spec)), QUANTITIES[quantity])
-        for task, spec in found
-    }
-    by_kind = {label: tasks for label, tasks in pools(metrics, metrics).items() if len(tasks) > 1}
-    groups = {
-        ("all tasks" if len(by_kind) == 1 and len(tasks) == len(metrics) else f"{label} tasks")
-        + f", pooled ({len(tasks)})": tuple(tasks)
-        for label, tasks in by_kind.items()
-    }
-    return groups | {task: (task,) for task in metrics}
 
 
 _BENCH = """
@@ -630,6 +538,12 @@ SELECT run_id, label, sha256(spec::VARCHAR)[:16] AS spec_sha256, adapter, device
        protocol_seed, samples_per_problem, to_timestamp(created) AS created
 FROM runs WHERE list_contains(?, run_id) ORDER BY label
 """
+
+
+def trust_notices(database: Path) -> Notices:
+    """What the page says of the board's trust above every table (kvbench.leaderboard.submissions)."""
+    with connect(database) as con:
+        return board_notices(con)
 
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:

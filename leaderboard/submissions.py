@@ -8,27 +8,28 @@ withdrawn submission holds nothing. A run's verification is its newest one by a 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import duckdb
 import pandas as pd
 
 from kvbench.leaderboard.display import MISSING
+from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, board_run_id, scoped
 
 LOCAL = "local"
-VERIFIED, NOT_VERIFIED, FAILED = "verified", "not verified", "failed"
+VERIFIED, NOT_VERIFIED, FAILED, CONFLICT = "verified", "not verified", "failed", "conflict"
+IDENTICAL, PAIRED = "identical outputs", "paired scores"
+"""The two checks `kvbench verify` makes: exact outputs on the machine the run recorded, or scores within
+the run's interval elsewhere. A badge names the one a run passed."""
 COLUMNS = ["run_id", "submitter", "bundle", "outcome", "method", "problems", "verified_on", "verified_at"]
 
 _HELD = """
-WITH live AS (SELECT bundle_sha256, submitter, accepted_at FROM submissions WHERE withdrawn_at IS NULL),
+WITH live AS (SELECT bundle_sha256, submitter FROM submissions WHERE withdrawn_at IS NULL),
 held AS (
-    SELECT run_id, bundle_sha256, submitter FROM submission_runs JOIN live USING (bundle_sha256)
+    SELECT run_id, {identity} AS identity, bundle_sha256, submitter
+    FROM submission_runs JOIN live USING (bundle_sha256)
     WHERE list_contains(?, run_id)
-    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY accepted_at, bundle_sha256) = 1
-),
-newest AS (
-    SELECT run_id, outcome, method, problems, machine, verified_at FROM {verifications}
-    WHERE list_contains(?, run_id) AND bundle_sha256 IN (SELECT bundle_sha256 FROM live)
-    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY verified_at DESC NULLS LAST) = 1
+    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY bundle_sha256) = 1
 )
 SELECT run_id, submitter, bundle_sha256[:12] AS bundle, outcome, method, problems,
        -- the machine's CPU and GPU models only: its platform string names the kernel build
@@ -36,28 +37,90 @@ SELECT run_id, submitter, bundle_sha256[:12] AS bundle, outcome, method, problem
                  CASE WHEN machine->>'gpu' IS NOT NULL THEN coalesce(machine->>'gpu_count', '1') || '× '
                       || (machine->>'gpu') END) AS verified_on,
        to_timestamp(verified_at) AS verified_at
-FROM held LEFT JOIN newest USING (run_id)
+FROM held LEFT JOIN {newest} newest USING (bundle_sha256, identity)
 """
 _NO_VERIFICATIONS = (
-    "(SELECT NULL::VARCHAR AS bundle_sha256, NULL::VARCHAR AS run_id, NULL::VARCHAR AS outcome, "
+    "(SELECT NULL::VARCHAR AS bundle_sha256, NULL::VARCHAR AS identity, NULL::VARCHAR AS outcome, "
     "NULL::VARCHAR AS method, NULL::INTEGER AS problems, NULL::JSON AS machine, NULL::DOUBLE AS verified_at)"
 )
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
 
 
 def held_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> pd.DataFrame:
     """One row per run a live submission holds (of ``run_ids``), with its newest verification."""
     ids = list(dict.fromkeys(run_ids))
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    tables = _tables(con)
     if not {"submissions", "submission_runs"} <= tables or not ids:
         return pd.DataFrame(columns=COLUMNS)
-    verifications = "verifications" if "verifications" in tables else _NO_VERIFICATIONS
-    return con.execute(_HELD.format(verifications=verifications), [ids, ids]).df()
+    newest = NEWEST_VERIFICATIONS if "verifications" in tables else _NO_VERIFICATIONS
+    # a board written before runs were scoped stored a run under its identity
+    identity = "identity" if scoped(con) else "run_id"
+    return con.execute(_HELD.format(identity=identity, newest=newest), [ids]).df()
 
 
-def arm_badge(run_ids: Iterable[str], held: pd.DataFrame) -> tuple[str, str]:
-    """(submission, verified) for an arm: its submitters, and ``verified`` when every run's newest
-    verification verified it, ``failed`` when any failed, ``not verified`` otherwise; an arm no live
-    submission holds is ``local``, with nothing to verify."""
+def conflicts(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Runs of one identity that two live submissions recorded on one output environment with other
+    outputs (both still count until `kvbench verify` fails one): the cell, both submissions and the
+    outputs each holds."""
+    if not scoped(con):
+        return pd.DataFrame(columns=["cell", "first", "second", "identity"])
+    found = con.execute(
+        f"""SELECT c.label AS cell, c.first[:12] AS first, c.second[:12] AS second, c.identity
+            FROM ({CONFLICTS}) c
+            WHERE c.first IN (SELECT bundle_sha256 FROM submissions WHERE withdrawn_at IS NULL)
+              AND c.second IN (SELECT bundle_sha256 FROM submissions WHERE withdrawn_at IS NULL)""",
+        [None, None],
+    )
+    return found.df()
+
+
+def failed_runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """The live submissions' runs whose newest verification failed: off every table, verdict and curve,
+    named here so that the page can say so."""
+    if not scoped(con) or "verifications" not in _tables(con):
+        return pd.DataFrame(columns=["cell", "submitter", "bundle", "failed_at", "detail"])
+    found = con.execute(
+        f"""SELECT r.label AS cell, s.submitter, r.bundle_sha256[:12] AS bundle,
+                   to_timestamp(v.verified_at) AS failed_at, v.detail
+            FROM submission_runs r JOIN submissions s USING (bundle_sha256)
+            JOIN {NEWEST_VERIFICATIONS} v USING (bundle_sha256, identity)
+            WHERE s.withdrawn_at IS NULL AND v.outcome = '{FAILED}'
+            ORDER BY r.label, bundle"""
+    )
+    return found.df()
+
+
+def conflicting_runs(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The board runs in a conflict (kvbench.leaderboard.submissions.conflicts): both sides."""
+    found = conflicts(con)
+    return {
+        board_run_id(row.identity, side) for row in found.itertuples() for side in (row.first, row.second)
+    }
+
+
+@dataclass(frozen=True)
+class Notices:
+    """What the page says above every table about the board's trust: runs of one identity that disagree
+    on one machine, and runs that failed verification and no longer count."""
+
+    conflicts: pd.DataFrame
+    failed: pd.DataFrame
+
+
+def notices(con: duckdb.DuckDBPyConnection) -> Notices:
+    return Notices(conflicts(con).drop(columns="identity"), failed_runs(con))
+
+
+def arm_badge(run_ids: Iterable[str], held: pd.DataFrame, conflicting: Iterable[str] = ()) -> tuple[str, str]:
+    """(submission, verified) for an arm: its submitters, and ``verified (identical outputs)`` when every
+    run's newest verification re-ran it to the same outputs, ``verified (paired scores)`` when every one
+    verified it and one of them on another machine (its scores within their interval), ``failed`` when
+    any failed, ``conflict`` when a run is in ``conflicting`` (another submission holds other outputs
+    of it on the same machine) and unverified, ``not verified`` otherwise; an arm no live submission
+    holds is ``local``, with nothing to verify."""
     rows = held.set_index("run_id").reindex(list(run_ids))
     if rows["submitter"].isna().all():
         return LOCAL, MISSING
@@ -68,5 +131,8 @@ def arm_badge(run_ids: Iterable[str], held: pd.DataFrame) -> tuple[str, str]:
     if (outcomes == FAILED).any():
         return submitters, FAILED
     if (outcomes == VERIFIED).all():
-        return submitters, VERIFIED
+        method = IDENTICAL if (rows["method"] == IDENTICAL).all() else PAIRED
+        return submitters, f"{VERIFIED} ({method})"
+    if set(rows.index) & set(conflicting):
+        return submitters, CONFLICT
     return submitters, NOT_VERIFIED

@@ -1,4 +1,4 @@
-"""Shared scoring helpers, so that each policy file reads like its paper's equation (POLICIES.md).
+"""Shared scoring helpers, so that each policy file reads like its paper's equation.
 
 Shapes: B batch rows, Hkv KV heads, G query heads per KV head, W recent queries, n candidates, D head dim.
 Every helper returns float32.

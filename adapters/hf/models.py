@@ -102,7 +102,8 @@ def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention:
 
 
 TRANSFORMERS_CACHE_API = (5, 20)
-"""The first transformers release whose cache API the evicting cache is written against (ENVIRONMENT.md)."""
+"""The first transformers release whose cache API the evicting cache is written against (its cache
+layers' update and reorder calls differ before it)."""
 
 
 def check_transformers() -> None:

@@ -1,6 +1,7 @@
 """Where a request's tokens live in paged memory under kvbench's schedule: a pure function of its length.
 
-The engine's schedule (DESIGN.md §3) fixes K, B and the trigger, and every KV head keeps the same count.
+The engine's schedule (protocol.md, section 2) fixes K, B and the trigger, and every KV head keeps the
+same count.
 So the number of slots a request occupies after ``L`` tokens have been written (and any event due at
 ``L`` has run) depends only on ``L``, its prompt length and the schedule:
 

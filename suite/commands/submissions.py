@@ -63,7 +63,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     accept.set_defaults(func=accept_command)
 
-    verify = commands.add_parser("verify", help="re-run a seeded sample of a bundle's problems here")
+    verify = commands.add_parser(
+        "verify",
+        help="re-run a seeded sample of a bundle's problems here; exit 1 if a run failed, 3 if one could "
+        "not be verified here",
+    )
     verify.add_argument("bundle", type=Path)
     verify.add_argument("--sample", type=int, default=2, help="problems per task to re-run (default 2)")
     verify.add_argument(
@@ -175,10 +179,20 @@ def accept_command(args: argparse.Namespace) -> int:
             return _refused(args.bundle, opened.checked.failures)
         done = accept(opened.copy, opened.sha256, opened.checked, args.db, args.by)
     console.print(
-        f"accepted {done.sha256[:16]}: {done.runs} runs ({done.added} new), {done.samples} samples "
-        f"into {args.db} in {time.perf_counter() - started:.1f} s; the board reads {done.snapshot}",
+        f"accepted {done.sha256[:16]}: {done.runs} runs, {done.samples} samples into {args.db} in "
+        f"{time.perf_counter() - started:.1f} s; the board reads {done.snapshot}",
         highlight=False,
     )
+    if done.conflicts:
+        console.print(
+            f"{len(done.conflicts)} run(s) conflict with another submission's: the same spec on the same "
+            "output environment gave other outputs. Both stay on the board, flagged; verify both bundles "
+            "(`kvbench verify BUNDLE --db ...`) and the one whose re-run differs stops counting:",
+            highlight=False,
+            markup=False,
+        )
+        for line in done.conflicts:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -230,8 +244,28 @@ def verify_command(args: argparse.Namespace) -> int:
         text = json.dumps({"bundle_sha256": sha256, "outcomes": [asdict(o) for o in outcomes]})
         atomic_write(args.json, lambda temp: temp.write_text(text))
     if args.db is not None:
-        record_verification(args.db, sha256, [{**asdict(o), "seed": seed} for o in outcomes])
-    return 1 if any(o.outcome == "failed" for o in outcomes) else 0
+        gone = record_verification(args.db, sha256, [{**asdict(o), "seed": seed} for o in outcomes])
+        if gone:
+            console.print(
+                f"{len(gone)} run(s) failed verification and no longer count on {args.db}: no verdict, "
+                "pairing or curve reads them (a later verification that passes brings them back)",
+                highlight=False,
+                markup=False,
+            )
+    return _verify_status(outcomes)
+
+
+def _verify_status(outcomes: list) -> int:
+    """1 when a run failed, 3 when none failed but one could not be verified here, else 0; each run that
+    is not verified named on the last lines, for a script that reads only those."""
+    failed = [o for o in outcomes if o.outcome == "failed"]
+    unchecked = [o for o in outcomes if o.outcome == "not verified"]
+    for word, found in (("failed", failed), ("not verified", unchecked)):
+        if found:
+            names = ", ".join(f"{o.run_id} ({o.label})" for o in found)
+            line = f"{len(found)} run(s) {word}: {names}"
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    return 1 if failed else 3 if unchecked else 0
 
 
 def withdraw_command(args: argparse.Namespace) -> int:

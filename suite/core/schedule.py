@@ -1,4 +1,4 @@
-"""The eviction schedule: identical for every policy, owned by the engine (DESIGN.md §3).
+"""The eviction schedule: identical for every policy, owned by the engine (protocol.md, section 2).
 
 - budget K: cache length right after an eviction, the buffer included;
 - buffer B: the most recent B tokens are never candidates;

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import duckdb
 
 from kvbench.errors import SpecError
+from kvbench.provenance import environment_differences, output_environment
 
 FORMAT_VERSION = 2
 
@@ -180,25 +181,9 @@ def compare_with_reference(
 
 
 def environment_changes(reference_manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Library versions, Python, CPU model, its vector features and torch threads that differ from the
-    reference's."""
-
-    def environment(manifest: dict[str, Any]) -> dict[str, Any]:
-        hardware = manifest.get("hardware") or {}
-        return {
-            **(manifest.get("packages") or {}),
-            "python": manifest.get("python"),
-            "cpu": hardware.get("cpu"),
-            "cpu vector features": hardware.get("cpu_vector_features"),
-            "torch threads": hardware.get("torch_threads"),
-        }
-
-    before, after = environment(reference_manifest), environment(current)
-    return [
-        f"{name} {before.get(name)} -> {after.get(name)}"
-        for name in sorted(after)
-        if before.get(name) != after.get(name)
-    ]
+    """What decides outputs bit for bit (kvbench.provenance.output_environment) and differs from the
+    reference's: library versions, Python, the CPU, its vector features, torch threads, a GPU's stack."""
+    return environment_differences(output_environment(reference_manifest), output_environment(current))
 
 
 def reference_path(root: Path, suite: str) -> Path:

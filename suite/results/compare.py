@@ -92,7 +92,10 @@ COLUMNS = (
     "problems",
     "samples",
     "excluded",
+    "submission",
 )
+"""``submission``: the sha256 of the bundle whose runs a row compares, on a board; empty for one's own
+runs."""
 
 
 def compare(database: Path, filters: Filters) -> list[dict]:
@@ -131,8 +134,8 @@ class TaskTable:
     """One table of `kvbench compare`'s default: the arms of one task at one budget, Holm-corrected
     together. The leaderboard's per-task verdicts are these tables', so the two say the same."""
 
-    context: tuple[str, str, str, str, int]
-    """(model, task, protocol, runtime, seed)."""
+    context: tuple[str, str, str, str, int, str]
+    """(model, task, protocol, runtime, seed, source)."""
     budget: int | None
     ratio: float | None
     arms: list[ArmResult]
@@ -173,7 +176,7 @@ def _pooled(
     """One table per (model, protocol, runtime, seed, ratio or fixed K): arms that ran every task, pooled."""
 
     def shared(r: StoredRun) -> tuple:  # the pairing context without the task
-        return r.model, r.protocol, r.runtime, r.seed
+        return r.model, r.protocol, r.runtime, r.seed, r.source
 
     members = [r for r in runs if r.task in tasks]
     rows: list[dict] = []
@@ -186,7 +189,7 @@ def _pooled(
         arms = compare_table(group + references, summaries, tasks=tasks, baseline=filters.against)
         if not any(a.policy == filters.against and a.role != Role.REFERENCE for a in arms):
             continue
-        model, protocol, runtime, seed = context
+        model, protocol, runtime, seed, _ = context
         key = (model, name, protocol, runtime, seed)
         rows += [arm_row(key, budget, ratio, arm, pooled=True) for arm in _sorted(arms, filters.against)]
     return rows
@@ -245,6 +248,7 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
         arm.score.problems,
         arm.samples,
         len(test.excluded) if test is not None else 0,
+        arm.source,
     )
     return dict(zip(COLUMNS, values, strict=True))
 
@@ -342,9 +346,11 @@ def compact_cells(row: dict) -> list[str]:
 
 
 def arm_name(row: dict) -> str:
-    """The policy, and beside a null or full-cache row of `kvbench run`'s table its role."""
+    """The policy, and beside a null or full-cache row of `kvbench run`'s table its role; on a board, the
+    submission it came from (its bundle's first 8 hex digits)."""
     role = row.get("role", Role.POLICY)
-    return row["policy"] if role == Role.POLICY else f"{row['policy']} ({role})"
+    name = row["policy"] if role == Role.POLICY else f"{row['policy']} ({role})"
+    return f"{name} @{row['submission'][:8]}" if row.get("submission") else name
 
 
 def plus_minus(value: float | None, low: float | None, high: float | None, *, signed: bool = False) -> str:

@@ -3,9 +3,12 @@ and the leaderboard all call :func:`compare_table` and only format what it retur
 
 A table is a set of stored runs that share model, protocol, runtime, protocol seed and compression
 (the full cache's runs serve every compression). Within it, an *arm* is a policy with its parameters and
-role; each arm's score pools the table's tasks, clustered by (task, problem). Every arm is paired with
-the baseline (the Random Attention null unless asked otherwise) only where both ran the same samples
-per problem on every task, and the sign tests of the paired arms are Holm-corrected together. An arm
+role, from one source: one's own runs, or one submission on a board (kvbench.store.board_tables); each
+arm's score pools the table's tasks, clustered by (task, problem). Every arm is paired with the baseline
+(the Random Attention null unless asked otherwise) of its own source only, where both ran the same
+samples per problem on every task: a submission's policy meets its own null and full cache (the same
+machine, the same seeds), never another group's. The sign tests of one source's paired arms are
+Holm-corrected together, so that a later submission never changes an earlier one's verdicts. An arm
 whose baseline is missing or differs in samples is reported as such, never paired with another.
 """
 
@@ -32,6 +35,7 @@ from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
 from kvbench.specs.metric_kind import Metric, task_metric
 from kvbench.specs.resolved import ResolvedSpec, Role
+from kvbench.store.board_tables import LOCAL, run_sources
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 """A run's runtime as one label: arms are compared within one runtime, never across two."""
@@ -41,8 +45,8 @@ NO_BASELINE = "no matching baseline"
 per problem: it is shown, never paired with another baseline."""
 
 
-Arm = tuple[str, str, str]
-"""(policy, parameters, role)."""
+Arm = tuple[str, str, str, str]
+"""(policy, parameters, role, source)."""
 
 
 class StoredRun(NamedTuple):
@@ -64,23 +68,26 @@ class StoredRun(NamedTuple):
     policy: str
     params: str
     role: str
+    source: str
+    """The sha256 of the submission that brought the run to a board; LOCAL ("") for one's own runs."""
     spec: ResolvedSpec
     """The resolved spec: what pairs a run with its null and its full cache (kvbench.results.pairing)."""
 
     @property
-    def arm(self) -> tuple[str, str, str]:
-        return self.policy, self.params, self.role
+    def arm(self) -> Arm:
+        return self.policy, self.params, self.role, self.source
 
     @property
-    def context(self) -> tuple[str, str, str, str, int]:
-        """What every run of one table shares (the task aside)."""
-        return self.model, self.task, self.protocol, self.runtime, self.seed
+    def context(self) -> tuple[str, str, str, str, int, str]:
+        """What every run of one table shares (the task aside): model, task, protocol, runtime, seed and
+        source."""
+        return self.model, self.task, self.protocol, self.runtime, self.seed, self.source
 
 
 _RUNS = f"""
 SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
-       policy, policy_params, role, spec
-FROM runs
+       policy, policy_params, role, coalesce(source, '{LOCAL}'), spec
+FROM runs LEFT JOIN {{sources}} USING (run_id)
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
 """
@@ -95,13 +102,14 @@ def stored_runs(
 ) -> list[StoredRun]:
     """Runs in the order they were created; every filter is a bound parameter."""
     ids = None if run_ids is None else list(run_ids)
-    rows = con.execute(_RUNS, [ids, ids, model, model, protocol, protocol]).fetchall()
+    query = _RUNS.format(sources=run_sources(con))
+    rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
     return [StoredRun._make([*row[:-1], ResolvedSpec.read(json.loads(row[-1]), row[12])]) for row in rows]
 
 
 def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
     """The tasks every arm of a table ran, sorted: what its pooled scores can fairly average."""
-    ran: dict[tuple[str, str, str], set[str]] = {}
+    ran: dict[Arm, set[str]] = {}
     for run in runs:
         ran.setdefault(run.arm, set()).add(run.task)
     return sorted(set.intersection(*ran.values())) if ran else []
@@ -127,6 +135,8 @@ class ArmResult:
     policy: str
     params: str
     role: str
+    source: str
+    """The submission whose runs these are (LOCAL for one's own)."""
     runs: dict[str, StoredRun]
     """Task -> the run standing for this arm on it (the one with the most samples), pooled or not."""
     per_task: dict[str, Estimate]
@@ -197,7 +207,27 @@ def compare_table(
     --limit) is represented by its run with the most samples. The baseline is the arm of policy
     ``baseline`` that is not the full-cache reference (its null run, if it also ran as a policy).
     Tasks in ``also`` are not pooled, but an arm's runs and per-task scores on them are reported.
+    Each source's runs (one's own, each submission's) are compared apart, in the order they come.
     """
+    sources = dict.fromkeys(run.source for run in runs)
+    return [
+        arm
+        for source in sources
+        for arm in _compare_source(
+            [r for r in runs if r.source == source], summaries, tasks=tasks, also=also, baseline=baseline
+        )
+    ]
+
+
+def _compare_source(
+    runs: Sequence[StoredRun],
+    summaries: Mapping[str, CellSummary],
+    *,
+    tasks: Sequence[str],
+    also: Sequence[str],
+    baseline: str,
+) -> list[ArmResult]:
+    """compare_table on the runs of one source."""
     chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
     by_arm: dict[Arm, dict[str, StoredRun]] = {}
     for run in chosen:
@@ -268,6 +298,7 @@ def compare_table(
                 policy=arm[0],
                 params=arm[1],
                 role=arm[2],
+                source=arm[3],
                 runs={t: got[t] for t in shown},
                 per_task={t: bootstrap_mean(list(summaries[got[t].run_id].scores.values())) for t in shown},
                 score=bootstrap_mean(list(pooled[arm].values())),

@@ -345,8 +345,11 @@ def equivalence_power(
         half = t * se * math.sqrt(special.chdtri(df, q) / df)
         return max(0.0, special.ndtr((margin - half - mean) / se) - special.ndtr((half - margin - mean) / se))
 
-    start = float(special.chdtrc(df, widest))
-    return float(integrate.quad(inside, start, 1.0, points=falls, limit=200, epsabs=1e-10)[0])
+    # below q = 1e-12 (χ² far in its upper tail) the integrand, at most 1, falls from its plateau to 0
+    # over a stretch too narrow for quad, which warns of bad behaviour there: it adds under 1e-12
+    start = max(float(special.chdtrc(df, widest)), 1e-12)
+    breaks = [q for q in falls if start < q < 1.0] or None
+    return float(integrate.quad(inside, start, 1.0, points=breaks, limit=200, epsabs=1e-10)[0])
 
 
 def equivalence_problems(

@@ -16,7 +16,7 @@ Depth = Annotated[int, pydantic.Field(ge=0, le=MAX_TOKENS)]
 
 
 class ProbeSource(StrictSpec):
-    """Seeded synthetic probes (EVALUATION.md, "Probes"), teacher-forced through the decode path."""
+    """Seeded synthetic probes (protocol.md, section 7), teacher-forced through the decode path."""
 
     kind: Literal["probe"]
     probe: Literal["passkey", "planted-fact", "fidelity"]

@@ -25,30 +25,21 @@ from typing import Any
 import duckdb
 
 from kvbench.errors import PrerequisiteError
+from kvbench.provenance import output_environment
 from kvbench.results.check import outputs_digest
 from kvbench.store.atomic import atomic_write
+from kvbench.store.board_tables import (
+    CONFLICTS,
+    NEWEST_VERIFICATIONS,
+    SUBMISSION_TABLES,
+    board_run_id,
+    scoped,
+)
 from kvbench.store.ingest import SCHEMA, insert_rows, publishing, reading, snapshot_of, transaction
 from kvbench.store.records import run_table
 from kvbench.submissions.bundle import open_bundle, sha256_file
 from kvbench.submissions.contents import copy_samples, load_samples, stored_runs
 from kvbench.submissions.rules import Checked
-
-SUBMISSION_TABLES = """
-CREATE TABLE IF NOT EXISTS submissions (
-    bundle_sha256 VARCHAR PRIMARY KEY, submitter VARCHAR, description VARCHAR, created DOUBLE,
-    accepted_at DOUBLE, accepted_by VARCHAR, kvbench_version VARCHAR,
-    withdrawn_at DOUBLE, withdrawn_reason VARCHAR
-);
-CREATE TABLE IF NOT EXISTS submission_runs (
-    bundle_sha256 VARCHAR, run_id VARCHAR, added BOOLEAN, PRIMARY KEY (bundle_sha256, run_id)
-);
-CREATE TABLE IF NOT EXISTS verifications (
-    bundle_sha256 VARCHAR, run_id VARCHAR, outcome VARCHAR, method VARCHAR, problems INTEGER,
-    machine JSON, verified_at DOUBLE, detail VARCHAR
-);
-"""
-"""``added``: the submission brought the run (it was not stored before), so withdrawing may remove it."""
-
 
 SUBMISSION_COLUMNS = (
     "bundle_sha256", "submitter", "description", "created", "accepted_at", "accepted_by",
@@ -69,6 +60,11 @@ KEPT = "submissions"
 def _writing(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     fix = f"Rebuild it from the bundles it accepted: `kvbench accept --rebuild --db {database}`"
     with publishing(database), transaction(database, SCHEMA + SUBMISSION_TABLES, fix) as con:
+        if not scoped(con):
+            raise PrerequisiteError(
+                f"{database} was written by an earlier kvbench, which stored each run once for every "
+                f"submission holding it; this one keeps each submission's runs apart. {fix}"
+            )
         yield con
         _keep_records(con, database.parent / KEPT)
 
@@ -96,14 +92,17 @@ def _keep_records(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
 class Accepted:
     sha256: str
     runs: int
-    added: int
     samples: int
     snapshot: Path
+    conflicts: list[str]
+    """One line per run of the bundle that a live submission holds with other outputs on the same output
+    environment: `kvbench verify` of both decides which counts."""
 
 
 def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted_by: str | None) -> Accepted:
-    """Write a bundle that passed every rule: its runs and samples, and who sent it, who accepted it and
-    when. A run already stored must hold the same outputs; the bundle file is kept beside the database."""
+    """Write a bundle that passed every rule: its runs and samples, under the board's own run ids, and who
+    sent it, who accepted it and when. Runs of the same identity from other submissions stay as they
+    are; the bundle file is kept beside the database."""
     assert not checked.failures and checked.samples is not None
     manifest = checked.manifest
     submission = {
@@ -126,66 +125,79 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
             raise PrerequisiteError(
                 f"bundle {sha256[:16]} was already {state} in {database}; nothing written"
             )
-        stored = _stored(con)
-        ids = [run.run_id for run in checked.runs]
+        held = _held(checked, sha256)
         # the same runs exported again make another bundle: a withdrawal covers the runs, not just the file
         withdrawn = con.execute(
-            """SELECT run_id, bundle_sha256 FROM submission_runs JOIN submissions USING (bundle_sha256)
-               WHERE withdrawn_at IS NOT NULL AND list_contains(?, run_id)
-               AND run_id NOT IN (SELECT run_id FROM submission_runs JOIN submissions USING (bundle_sha256)
-                                  WHERE withdrawn_at IS NULL)""",
-            [ids],
+            """WITH held AS (SELECT identity || '/' || outputs AS result, identity, bundle_sha256,
+                                    withdrawn_at IS NULL AS live
+                             FROM submission_runs JOIN submissions USING (bundle_sha256))
+               SELECT identity, bundle_sha256 FROM held WHERE NOT live AND list_contains(?, result)
+               AND result NOT IN (SELECT result FROM held WHERE live)""",
+            [[f"{h['identity']}/{h['outputs']}" for h in held]],
         ).fetchall()
         if withdrawn:
-            run_id, held_by = withdrawn[0]
+            identity, held_by = withdrawn[0]
             raise PrerequisiteError(
-                f"run {run_id} (and {len(withdrawn) - 1} more) was withdrawn with submission "
-                f"{held_by[:16]}; nothing written"
+                f"run {identity} (and {len(withdrawn) - 1} more) was withdrawn with submission "
+                f"{held_by[:16]}, with the same outputs; nothing written"
             )
-        clashes = [
-            f"run {run_id}: stored with outputs {outputs_digest(con, run_id)}, the bundle's are "
-            f"{outputs_digest(checked.samples, run_id)}"
-            for run_id in ids
-            if run_id in stored and outputs_digest(con, run_id) != outputs_digest(checked.samples, run_id)
+        _store(con, checked, submission, held)
+        conflicts = [
+            f"run {identity} ({label}): submission {first[:16]} holds outputs {first_outputs}, "
+            f"{second[:16]} holds {second_outputs}, both recorded on one output environment"
+            for identity, label, first, first_outputs, second, second_outputs, _ in con.execute(
+                CONFLICTS, [sha256, sha256]
+            ).fetchall()
         ]
-        if clashes:
-            raise PrerequisiteError(
-                "runs with the same identity but other outputs; nothing written:\n  " + "\n  ".join(clashes)
-            )
-        new = _store(con, checked, submission, stored)
         count = checked.samples.execute("SELECT count(*) FROM samples").fetchone()
         kept = database.parent / KEPT / f"{sha256}.tar.gz"
         atomic_write(kept, lambda temp: shutil.copyfile(bundle, temp))
-    return Accepted(sha256, len(ids), new, count[0] if count else 0, snapshot_of(database))
+    return Accepted(sha256, len(held), count[0] if count else 0, snapshot_of(database), conflicts)
 
 
-def _stored(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.execute("SELECT DISTINCT run_id FROM runs").fetchall()}
+def _held(checked: Checked, sha256: str) -> list[dict[str, Any]]:
+    """A checked bundle's runs as ``submission_runs`` rows."""
+    assert checked.samples is not None
+    return [
+        {
+            "bundle_sha256": sha256,
+            "identity": run.run_id,
+            "run_id": board_run_id(run.run_id, sha256),
+            "label": run.manifest.get("label") or run.run_id,
+            "outputs": outputs_digest(checked.samples, run.run_id),
+            "environment": json.dumps(output_environment(run.manifest), sort_keys=True),
+        }
+        for run in checked.runs
+    ]
 
 
 def _store(
-    con: duckdb.DuckDBPyConnection, checked: Checked, submission: dict[str, Any], stored: set[str]
-) -> int:
-    """A checked bundle's runs and samples that ``stored`` lacks, its ``submissions`` row and which runs
-    it holds; how many runs it added."""
+    con: duckdb.DuckDBPyConnection,
+    checked: Checked,
+    submission: dict[str, Any] | None,
+    held: list[dict[str, Any]],
+) -> None:
+    """The ``held`` runs of a checked bundle and their samples, under their board run ids; with
+    ``submission``, also its ``submissions`` row and its ``submission_runs`` rows."""
     assert checked.samples is not None
-    sha256 = submission["bundle_sha256"]
-    ids = [run.run_id for run in checked.runs]
-    new = [run for run in checked.runs if run.run_id not in stored]
-    if new:
-        insert_rows(con, "runs", run_table(run.manifest for run in new))
-        copy_samples(checked.samples, con, "list_contains(?, run_id)", [[r.run_id for r in new]])
+    manifests = {run.run_id: run.manifest for run in checked.runs}
+    if held:
+        insert_rows(con, "runs", run_table({**manifests[h["identity"]], "run_id": h["run_id"]} for h in held))
+    for h in held:
+        copy_samples(checked.samples, con, "run_id = ?", [h["identity"]], run_id=h["run_id"])
+    if submission is None:
+        return
     con.execute(
         # by name: a board made by an earlier kvbench may hold its columns in another order
         "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
         "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [submission[k] for k in SUBMISSION_COLUMNS],
     )
+    columns = ("bundle_sha256", "identity", "run_id", "label", "outputs", "environment")
     con.executemany(
-        "INSERT INTO submission_runs (bundle_sha256, run_id, added) VALUES (?, ?, ?)",
-        [[sha256, i, i not in stored] for i in ids],
+        f"INSERT INTO submission_runs ({', '.join(columns)}) VALUES (?, ?, ?, ?, ?, ?)",
+        [[h[c] for c in columns] for h in held],
     )
-    return len(new)
 
 
 MIN_PREFIX = 8
@@ -218,20 +230,24 @@ def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
 
 
 def _withdraw(con: duckdb.DuckDBPyConnection, sha256: str, when: float, reason: str) -> list[str]:
-    """Mark a submission withdrawn and remove the runs it brought that no live submission still holds;
-    the runs removed."""
+    """Mark a submission withdrawn and remove its runs (each submission's runs are its own); the runs
+    removed."""
     con.execute(
         "UPDATE submissions SET withdrawn_at = ?, withdrawn_reason = ? WHERE bundle_sha256 = ?",
         [when, reason, sha256],
     )
+    return _remove(con, "bundle_sha256 = ?", [sha256])
+
+
+def _remove(con: duckdb.DuckDBPyConnection, where: str, params: list[Any]) -> list[str]:
+    """The board runs of the ``submission_runs`` rows matching ``where`` (kvbench's own SQL, bound
+    ``params``) taken out of runs and samples; those that were there."""
     gone = [
         r[0]
         for r in con.execute(
-            """SELECT run_id FROM submission_runs mine WHERE bundle_sha256 = ?
-               AND EXISTS (SELECT 1 FROM submission_runs a WHERE a.run_id = mine.run_id AND a.added)
-               AND NOT EXISTS (SELECT 1 FROM submission_runs o JOIN submissions s USING (bundle_sha256)
-                               WHERE o.run_id = mine.run_id AND s.withdrawn_at IS NULL)""",
-            [sha256],
+            f"SELECT run_id FROM submission_runs WHERE {where} AND run_id IN (SELECT run_id FROM runs) "
+            "ORDER BY run_id",
+            params,
         ).fetchall()
     ]
     con.execute("DELETE FROM samples WHERE list_contains(?, run_id)", [gone])
@@ -253,7 +269,11 @@ def live_submission(database: Path, sha256: str) -> bool:
     return found is not None and found[0] is None
 
 
-def record_verification(database: Path, sha256: str, outcomes: list[dict[str, Any]]) -> None:
+def record_verification(database: Path, sha256: str, outcomes: list[dict[str, Any]]) -> list[str]:
+    """Record what `kvbench verify` found for a submission's runs. A run whose newest verification failed
+    stops counting at once: it is taken off the board's runs and samples (its record stays, and the
+    page names it), and comes back from the kept bundle if a later verification passes. The board runs
+    taken off."""
     with _writing(database) as con:
         con.executemany(
             INSERT_VERIFICATION,
@@ -271,6 +291,33 @@ def record_verification(database: Path, sha256: str, outcomes: list[dict[str, An
                 for o in outcomes
             ],
         )
+        gone = _remove_failed(con, sha256)
+        _restore_passed(con, database.parent / KEPT, sha256)
+    return gone
+
+
+_NEWEST_FAILED = f"""bundle_sha256 = ? AND identity IN (
+    SELECT identity FROM {NEWEST_VERIFICATIONS} WHERE bundle_sha256 = ? AND outcome = 'failed')"""
+
+
+def _remove_failed(con: duckdb.DuckDBPyConnection, sha256: str) -> list[str]:
+    """The submission's board runs whose newest verification failed, taken off runs and samples."""
+    return _remove(con, _NEWEST_FAILED, [sha256, sha256])
+
+
+def _restore_passed(con: duckdb.DuckDBPyConnection, folder: Path, sha256: str) -> None:
+    """A live submission's runs that are off the board although their newest verification did not fail
+    (a later one passed), stored again from its kept bundle."""
+    missing = con.execute(
+        f"""SELECT identity FROM submission_runs JOIN submissions USING (bundle_sha256)
+            WHERE bundle_sha256 = ? AND withdrawn_at IS NULL AND run_id NOT IN (SELECT run_id FROM runs)
+            AND NOT ({_NEWEST_FAILED})""",
+        [sha256, sha256, sha256],
+    ).fetchall()
+    if missing:
+        with _kept(folder / f"{sha256}.tar.gz") as checked:
+            wanted = {r[0] for r in missing}
+            _store(con, checked, None, [h for h in _held(checked, sha256) if h["identity"] in wanted])
 
 
 @dataclass(frozen=True)
@@ -333,8 +380,9 @@ def _replay(temp: Path, folder: Path, records: list[dict[str, Any]]) -> int:
     temp.unlink()  # DuckDB creates its file itself
     with transaction(temp, SCHEMA + SUBMISSION_TABLES, "build it again") as con:
         for record in records:
-            with _kept(folder / f"{record['bundle_sha256']}.tar.gz") as checked:
-                _store(con, checked, {k: record[k] for k in SUBMISSION_COLUMNS}, _stored(con))
+            sha256 = record["bundle_sha256"]
+            with _kept(folder / f"{sha256}.tar.gz") as checked:
+                _store(con, checked, {k: record[k] for k in SUBMISSION_COLUMNS}, _held(checked, sha256))
         for record in sorted(
             (r for r in records if r["withdrawn_at"] is not None), key=lambda r: r["withdrawn_at"]
         ):
@@ -342,6 +390,8 @@ def _replay(temp: Path, folder: Path, records: list[dict[str, Any]]) -> int:
         rows = [row for r in records for row in r["verifications"]]
         if rows:
             con.executemany(INSERT_VERIFICATION, rows)
+        for record in records:
+            _remove_failed(con, record["bundle_sha256"])
         count = con.execute("SELECT count(*) FROM runs").fetchone()
     return count[0] if count else 0
 

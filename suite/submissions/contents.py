@@ -70,11 +70,20 @@ def load_samples(runs: list[StoredRun]) -> tuple[duckdb.DuckDBPyConnection, list
 
 
 def copy_samples(
-    source: duckdb.DuckDBPyConnection, target: duckdb.DuckDBPyConnection, where: str, params: list[Any]
+    source: duckdb.DuckDBPyConnection,
+    target: duckdb.DuckDBPyConnection,
+    where: str,
+    params: list[Any],
+    run_id: str | None = None,
 ) -> None:
     """``source``'s samples that match ``where`` (kvbench's own SQL; the values are bound from ``params``)
-    inserted into ``target``'s (through Arrow: DuckDB 2 names the call ``to_arrow_table``, earlier
-    ``arrow``)."""
-    relation = source.sql(f"SELECT * FROM samples WHERE {where}", params=params)
+    inserted into ``target``'s, under ``run_id`` where given (a board stores a submitted run under an id
+    of its own). Through Arrow: DuckDB 2 names the call ``to_arrow_table``, earlier ``arrow``."""
+    if run_id is None:
+        relation = source.sql(f"SELECT * FROM samples WHERE {where}", params=params)
+    else:
+        relation = source.sql(
+            f"SELECT * REPLACE (?::VARCHAR AS run_id) FROM samples WHERE {where}", params=[run_id, *params]
+        )
     rows = relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
     insert_rows(target, "samples", rows)

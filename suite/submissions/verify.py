@@ -8,11 +8,15 @@ runs that share model, task, limit and runtime (a policy, its null and its full 
 problems all of them hold, and re-run in each: they are checked on the same problems. The draw's seed
 is random unless given, so that a submitter cannot know which problems will be re-run.
 
-- Same runtime (adapter, device kind, dtype, attention): the runs are deterministic given their seeds,
-  so the outputs must be identical: the output digest over the drawn problems must match.
-- Another runtime (``--device`` or ``--attention`` given): outputs may differ in the last bits, so the
-  scores must agree: the mean paired difference (re-run − submitted) over the drawn problems must be
-  within the half-width of the run's 95% interval from the bundle's samples.
+- Same machine: the same runtime (adapter, device kind, dtype, attention) and the same output
+  environment as the run recorded (library versions, Python, CPU model, its vector features, torch
+  threads, a GPU's model, driver, CUDA and cuDNN: kvbench.provenance.output_environment). The runs are
+  deterministic given their seeds, so the outputs must be identical: the output digest over the drawn
+  problems must match.
+- Anywhere else (another GPU or CPU, other versions, or ``--device`` / ``--attention`` given): outputs may
+  differ in the last bits, so the scores must agree: the mean paired difference (re-run − submitted)
+  over the drawn problems must be within the half-width of the run's 95% interval from the bundle's
+  samples. An environment the run did not record counts as another one.
 
 Outcome per run: ``verified``, ``failed``, or ``not verified`` (it cannot run here: its adapter, device,
 data or scorer is missing), with the machine that checked it.
@@ -31,7 +35,7 @@ import duckdb
 
 from kvbench.errors import KvbenchError
 from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
-from kvbench.provenance import describe_machine
+from kvbench.provenance import describe_machine, environment_differences, output_environment, provenance
 from kvbench.registry import builtin_policies, make_policy
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import cell_family
@@ -51,7 +55,7 @@ class Outcome:
     outcome: str
     """``verified``, ``failed`` or ``not verified``."""
     method: str
-    """``identical outputs`` or ``paired scores``."""
+    """``identical outputs`` (this machine is the one the run recorded) or ``paired scores``."""
     problems: int
     detail: str
     machine: dict[str, Any]
@@ -195,26 +199,32 @@ def verify(
     """Re-run ``count`` problems per task of every run in a checked bundle and judge each run."""
     chosen = choose_problems(checked, count, seed)
     outcomes: list[Outcome] = []
+    notes: dict[str, str] = {}  # run id -> why its scores, not its outputs, are compared
+    here: dict[str, dict[str, Any]] = {}  # device -> this machine's output environment on it
     groups: dict[tuple[str, str, bool], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
         asked = run.spec.ran_on
         label = run.manifest.get("label") or run.run_id
-        machine = describe_machine(device or asked.device)
+        where = device or asked.device
+        machine = describe_machine(where)
+        if where not in here:
+            here[where] = output_environment(provenance(where))
         if not chosen[run.run_id]:
             outcomes.append(
                 Outcome(run.run_id, label, "not verified", "", 0, "no problem to re-run", machine)
             )
             continue
         try:
-            runtime = Runtime(
-                adapter=asked.adapter, device=device or asked.device, attention=attention or asked.attention
-            )
+            runtime = Runtime(adapter=asked.adapter, device=where, attention=attention or asked.attention)
             cell = rebuild(run, folder, runtime, data or {}, IsolationLimits(seconds_per_call=scorer_seconds))
         except Exception as exc:  # a spec or scorer this machine cannot rebuild: say why, per run
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
-        exact = cell.spec.ran_on == asked
+        moved = environment_differences(output_environment(run.manifest), here[where])
+        exact = cell.spec.ran_on == asked and not moved
+        if moved:
+            notes[run.run_id] = f"; recorded on another machine ({', '.join(moved)})"
         # a submitted scorer's cells run apart: its failure (a hang, a crash) leaves the null's verdict
         submitted = isinstance(cell.policy, IsolatedPolicy)
         groups.setdefault((cell.model.name, runtime.device, submitted), []).append((run, cell, exact))
@@ -238,6 +248,7 @@ def verify(
             for run, cell, exact in members:
                 problems = chosen[run.run_id]
                 outcome, detail = _judge(run, cell, checked, rerun, problems, exact)
+                detail += notes.get(run.run_id, "")
                 method = "identical outputs" if exact else "paired scores"
                 outcomes.append(
                     Outcome(run.run_id, cell.label, outcome, method, len(problems), detail, machine)

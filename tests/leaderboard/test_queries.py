@@ -10,6 +10,7 @@ import pytest
 
 from kvbench.bench.leaderboard import synthetic_store
 from kvbench.leaderboard import queries
+from kvbench.leaderboard.curves import budget_curves
 from kvbench.leaderboard.queries import Compression
 
 AT_4X = Compression(4.0, None)
@@ -40,7 +41,7 @@ def test_a_policy_with_two_settings_is_two_arms_and_two_curves(tmp_path: Path) -
     table = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
     settings = table.loc[table["policy"] == "policy-00", "parameters"]
     assert sorted(settings) == ["window=32", "—"]
-    curves = queries.budget_curves(database, "synthetic", "protect-prompt")
+    curves = budget_curves(database, "synthetic", "protect-prompt")
     assert set(curves["policy"]) == {
         "policy-00 (defaults)",
         "policy-00 (window=32)",
@@ -116,7 +117,7 @@ def test_budget_curves_follow_the_quantity_and_pool_only_the_tasks_that_have_it(
         ).fetchall()
     )
     con.close()
-    curves = queries.budget_curves(database, "synthetic", "protect-prompt", quantity="needle-survival")
+    curves = budget_curves(database, "synthetic", "protect-prompt", quantity="needle-survival")
     got = dict(zip(curves["policy"], curves["score"], strict=True))
     assert got == pytest.approx(expected) and set(got) == {
         "policy-00",
@@ -126,7 +127,7 @@ def test_budget_curves_follow_the_quantity_and_pool_only_the_tasks_that_have_it(
         "full",
     }
     assert set(curves["problems"]) == {20}  # task-0's problems only: task-1 has no survival to pool
-    default = queries.budget_curves(database, "synthetic", "protect-prompt")
+    default = budget_curves(database, "synthetic", "protect-prompt")
     assert dict(zip(default["policy"], default["score"], strict=True)) == pytest.approx(scores)
 
 

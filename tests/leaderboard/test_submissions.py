@@ -18,9 +18,10 @@ MACHINE = {"platform": "Linux-secret-kernel", "cpu": "Test CPU 9000", "gpu": "NV
 
 @pytest.fixture
 def submitted_db(board_db: Path, tmp_path: Path) -> Path:
-    """At 2x: snapkv from Alice, verified (an older failed check superseded); streaming from Bob, one
-    run's newest check failed; random from Dana, never checked, and from Carol, withdrawn but verified;
-    the full cache held by nobody."""
+    """At 2x, the policies and the null held by Alice's submission (so paired within it): snapkv verified
+    with identical outputs (an older failed check superseded); streaming verified, one of its runs on
+    another machine (paired scores); random never checked. Carol's withdrawn submission holds nothing on
+    the board any more; the full cache is held by nobody."""
     database = tmp_path / "submitted.duckdb"
     shutil.copyfile(board_db, database)
     con = duckdb.connect(str(database))
@@ -30,35 +31,28 @@ def submitted_db(board_db: Path, tmp_path: Path) -> Path:
             "SELECT policy || ':' || task, run_id FROM runs WHERE ratio = 2 AND role <> 'reference'"
         ).fetchall()
     )
-    bundles = {
-        "alice": ("Alice", None),
-        "bob": ("Bob", None),
-        "carol": ("Carol", 5.0),
-        "dana": ("Dana", None),
-    }
-    for sha, (who, withdrawn) in bundles.items():
+    assert {key.split(":")[0] for key in runs} == {"snapkv", "streaming", "random"}
+    for sha, who, withdrawn in (("alice", "Alice", None), ("carol", "Carol", 5.0)):
         con.execute(
             "INSERT INTO submissions VALUES (?, ?, '', 1, 2, 'maintainer-login', '0.1.0', ?, NULL)",
             [sha, who, withdrawn],
         )
-    held = {"alice": "snapkv", "bob": "streaming", "carol": "random", "dana": "random"}
-    for sha, policy in held.items():
-        for task in ("passkey", "fidelity"):
-            con.execute("INSERT INTO submission_runs VALUES (?, ?, true)", [sha, runs[f"{policy}:{task}"]])
-    checks = [
-        ("alice", "snapkv:passkey", "failed", 1.0),
-        ("alice", "snapkv:passkey", "verified", 2.0),
-        ("alice", "snapkv:fidelity", "verified", 2.0),
-        ("bob", "streaming:passkey", "verified", 2.0),
-        ("bob", "streaming:fidelity", "verified", 1.0),
-        ("bob", "streaming:fidelity", "failed", 3.0),
-        ("carol", "random:passkey", "verified", 2.0),
-        ("carol", "random:fidelity", "verified", 2.0),
-    ]
-    for sha, run, outcome, when in checks:
+    for key, run_id in runs.items():  # a hand-made board: each run keeps its own id as its board id
         con.execute(
-            "INSERT INTO verifications VALUES (?, ?, ?, 'identical outputs', 2, ?, ?, '/home/m/x failed')",
-            [sha, runs[run], outcome, json.dumps(MACHINE), when],
+            "INSERT INTO submission_runs VALUES ('alice', ?, ?, ?, 'digest', '{}')", [run_id, run_id, key]
+        )
+    checks = [
+        ("alice", "snapkv:passkey", "failed", "identical outputs", 1.0),
+        ("alice", "snapkv:passkey", "verified", "identical outputs", 2.0),
+        ("alice", "snapkv:fidelity", "verified", "identical outputs", 2.0),
+        ("alice", "streaming:passkey", "verified", "identical outputs", 2.0),
+        ("alice", "streaming:fidelity", "verified", "paired scores", 3.0),
+        ("carol", "random:passkey", "verified", "identical outputs", 2.0),
+    ]
+    for sha, run, outcome, method, when in checks:
+        con.execute(
+            "INSERT INTO verifications VALUES (?, ?, ?, ?, 2, ?, ?, '/home/m/x failed')",
+            [sha, runs[run], outcome, method, json.dumps(MACHINE), when],
         )
     con.close()
     return database
@@ -68,9 +62,9 @@ def test_each_row_names_its_submission_and_verification(submitted_db: Path, monk
     rows = by_policy(open_app(submitted_db, monkeypatch))
     badges = {policy: (row["submission"], row["verified"]) for policy, row in rows.items()}
     assert badges == {
-        "snapkv": ("Alice", "verified"),
-        "streaming": ("Bob", "failed"),
-        "random": ("Dana", "not verified"),  # Carol's verified bundle was withdrawn
+        "snapkv": ("Alice", "verified (identical outputs)"),
+        "streaming": ("Alice", "verified (paired scores)"),
+        "random": ("Alice", "not verified"),  # Carol's verification is of her withdrawn submission
         "full": ("local", "—"),
     }
 

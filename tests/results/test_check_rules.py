@@ -117,4 +117,4 @@ def test_every_cell_is_judged_after_one_without_reference() -> None:
 def test_python_cpu_and_threads_count_as_environment() -> None:
     base = {"packages": {}, "python": "3.11.7", "hardware": {"cpu": "A", "torch_threads": 2}}
     moved = {"packages": {}, "python": "3.12.1", "hardware": {"cpu": "A", "torch_threads": 4}}
-    assert environment_changes(base, moved) == ["python 3.11.7 -> 3.12.1", "torch threads 2 -> 4"]
+    assert environment_changes(base, moved) == ["python 3.11.7 -> 3.12.1", "torch_threads 2 -> 4"]

@@ -119,7 +119,7 @@ def test_wide_is_one_table_where_it_fits_and_a_block_per_row_where_it_does_not()
 
     rows = []  # every field at its longest: what a long model, runtime and verdict make of a row
     for policy, verdict in (("rkv-official", "inconclusive"), ("snapkv", "equivalent to null")):
-        row = dict.fromkeys(COLUMNS, 0.5) | {"budget": 4096, "ratio": None, "seed": 12345}
+        row = dict.fromkeys(COLUMNS, 0.5) | {"budget": 4096, "ratio": None, "seed": 12345, "submission": ""}
         rows.append(
             row
             | {"policy": policy, "verdict": verdict, "model": "phi-4-reasoning", "task": "gpqa-diamond"}

@@ -23,6 +23,7 @@ from tampering import (
 )
 
 from kvbench.leaderboard import queries
+from kvbench.store.board_tables import board_run_id
 from kvbench.submissions.board import record_verification
 
 
@@ -35,20 +36,23 @@ def test_the_genuine_bundle_is_accepted_and_its_scores_reach_the_board(
     assert "accepted" in done.stdout
     ids = {c["run_id"] for c in cells(bundle)}
     assert len(ids) == 9  # the policy, the null and the full cache on passkey, fidelity and gpqa-diamond
+    sha = _sha256(bundle)
+    policy_run = board_run_id(run_of(bundle, "passkey", "keys-norm"), sha)
     with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
-        assert {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()} == ids
+        # each run under the board's own id: its identity, then its submission's
+        assert {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()} == {
+            f"{i}-{sha[:12]}" for i in ids
+        }
+        assert {r[0] for r in con.execute("SELECT identity FROM submission_runs").fetchall()} == ids
         submitter, by, withdrawn = con.execute(
             "SELECT submitter, accepted_by, withdrawn_at FROM submissions"
         ).fetchone()
         stored = dict(
             con.execute(
-                "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY 1",
-                [run_of(bundle, "passkey", "keys-norm")],
+                "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY 1", [policy_run]
             ).fetchall()
         )
-        budget = con.execute(
-            "SELECT budget FROM runs WHERE run_id = ?", [run_of(bundle, "passkey", "keys-norm")]
-        )
+        budget = con.execute("SELECT budget FROM runs WHERE run_id = ?", [policy_run])
         budget = budget.fetchone()[0]
     assert (submitter, by, withdrawn) == ("tests <t@example.org>", "maintainer", None)
     # the scores the board computes are those of the submitter's own shards, read here with pyarrow alone
@@ -65,7 +69,7 @@ def test_the_genuine_bundle_is_accepted_and_its_scores_reach_the_board(
     row = table.frame.set_index("policy").loc["keys-norm"]
     assert row["passkey"].startswith(f"{sum(expected.values()) / len(expected):.3f}")
     assert budget > 0
-    assert (tmp_path / "submissions" / f"{_sha256(bundle)}.tar.gz").is_file()
+    assert (tmp_path / "submissions" / f"{sha}.tar.gz").is_file()
 
 
 def _sha256(path: Path) -> str:

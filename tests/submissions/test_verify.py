@@ -46,7 +46,10 @@ def test_the_genuine_bundle_verifies_with_identical_outputs_and_the_board_shows_
     assert not app.exception, app.exception
     (board,) = [t for t in app.tabs if t.label == "Leaderboard"]
     rows = board.dataframe[0].value.set_index("policy")
-    assert rows.loc["keys-norm", ["submission", "verified"]].tolist() == ["tests <t@example.org>", "verified"]
+    assert rows.loc["keys-norm", ["submission", "verified"]].tolist() == [
+        "tests <t@example.org>",
+        "verified (identical outputs)",
+    ]
 
 
 def test_on_another_attention_the_scores_are_held_to_the_intervals(submission: Path, tmp_path: Path) -> None:
