@@ -20,7 +20,7 @@ from kvbench.errors import StorageError
 from kvbench.leaderboard import analysis, charts, curves, downloads, permalink, queries, retention
 from kvbench.leaderboard import head_to_head as h2h
 from kvbench.leaderboard.about import ABOUT
-from kvbench.leaderboard.display import MISSING, split_shared
+from kvbench.leaderboard.display import MISSING, code, literal, split_shared
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP, public_mode, scrub_frame
 from kvbench.results.stats import DRAWS
 from kvbench.results.summary import QUANTITIES
@@ -200,7 +200,7 @@ def _page(database: Path, public: bool) -> None:
     with views["Analysis"]:
         analysis.analysis_view(query)
     if chosen.protocol is None or chosen.compression is None:
-        st.info(f"No budgeted runs for {chosen.model} yet.")
+        st.info(f"No budgeted runs for {literal(chosen.model)} yet.")
         _remember(chosen)
         return
     table = query(
@@ -209,7 +209,8 @@ def _page(database: Path, public: bool) -> None:
     )  # fmt: skip
     with views["Leaderboard"]:
         _trust_view(query("trust_notices"))
-        _leaderboard_view(table, f"{chosen.model} · {chosen.protocol} · {chosen.compression.label}")
+        title = f"{literal(chosen.model)} · {literal(chosen.protocol)} · {chosen.compression.label}"
+        _leaderboard_view(table, title)
     with views["Head-to-head"]:
         _head_to_head_view(query, table, chosen)
     with views["Budget curves"]:
@@ -408,26 +409,29 @@ def _badge_line(row: pd.Series, verdicts: list[str]) -> str:
     """One arm's verdicts as badges: "**snapkv** inconclusive", or per task "**snapkv** passkey
     inconclusive, fidelity beats null"."""
     found = [
-        (name[: -len("verdict")].strip(), BADGE_MARKDOWN[row[name]])
+        (literal(name[: -len("verdict")].strip()), BADGE_MARKDOWN[row[name]])
         for name in verdicts
         if row[name] in BADGE_MARKDOWN
     ]
     if not found:
         return ""
-    return f"**{row['policy']}** " + ", ".join(f"{label} {badge}".strip() for label, badge in found)
+    return f"**{literal(row['policy'])}** " + ", ".join(f"{label} {badge}".strip() for label, badge in found)
 
 
 def _mismatch_note(notes: list[str]) -> str:
     """The arms on other problems than the null, in one line."""
     return (
-        "Marked ≠ null: " + "; ".join(notes) + ". Their cells average their own problems, while Δ vs null, "
-        "W/T/L and the verdicts pair the problems both ran."
+        "Marked ≠ null: " + "; ".join(map(literal, notes)) + ". Their cells average their own problems, "
+        "while Δ vs null, W/T/L and the verdicts pair the problems both ran."
     )
 
 
 def _pooled_text(table: queries.Table) -> str:
     """What the verdicts are and what each average pools: the tasks with their metrics' kinds."""
-    named = ", ".join(f"{t} ({table.metrics[t]})" if t in table.metrics else t for t in table.tasks)
+    # a task's name may come from a bundle: Markdown's characters in it are shown, never read
+    named = ", ".join(
+        f"{literal(t)} ({table.metrics[t]})" if t in table.metrics else literal(t) for t in table.tasks
+    )
     if not table.per_task:
         return f"The task's metric: {named}."
     text = (
@@ -436,9 +440,10 @@ def _pooled_text(table: queries.Table) -> str:
         "problem) one cluster of equal weight, only with tasks of the same kind"
     )
     if "average" in table.pools:
-        return text + f": *average* pools {', '.join(table.average_over)}, as `kvbench compare --pool` does."
+        average = ", ".join(map(literal, table.average_over))
+        return text + f": *average* pools {average}, as `kvbench compare --pool` does."
     if table.pools:
-        pooled = "; ".join(f"*{label}* {', '.join(tasks)}" for label, tasks in table.pools.items())
+        pooled = "; ".join(f"*{label}* {', '.join(map(literal, ts))}" for label, ts in table.pools.items())
         return text + f": {pooled}; no average mixes kinds."
     return text + ": here no two tasks are of one kind, so nothing is pooled."
 
@@ -465,7 +470,7 @@ def _head_to_head_view(query, table: queries.Table, chosen: Selection) -> None:
         chosen.quantity, labels[a], labels[b],
     )  # fmt: skip
     if result.tasks.empty:
-        st.info(f"{a} and {b} ran no task in common here.")
+        st.info(f"{literal(a)} and {literal(b)} ran no task in common here.")
         return
     st.plotly_chart(charts.head_to_head(result.tasks, f"A = {a} against B = {b}"), key="h2h_chart")
     _table(
@@ -478,7 +483,7 @@ def _head_to_head_view(query, table: queries.Table, chosen: Selection) -> None:
         key="h2h_tasks",
     )
     for note in result.notes:
-        st.caption(note)
+        st.caption(literal(note))
     st.caption(
         f"Paired on the problems both ran ({chosen.quantity}); 95% bootstrap interval over problems, "
         "exact sign test on the problems where they differ; the per-task p-values Holm-corrected across "
@@ -519,7 +524,8 @@ def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> N
     rows = query("efficiency", model, table.frame)
     if rows.empty:
         st.info(
-            f"No decode benchmarks for {model}: run `kvbench bench decode --model {model} --out runs` "
+            f"No decode benchmarks for {literal(model)}: run "
+            f"{code(f'kvbench bench decode --model {model} --out runs')} "
             "to measure tokens/s and KV memory per policy."
         )
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvbench.leaderboard.display import chart_text
 from kvbench.specs.resolved import Role
 
 NULL_BAND = "Random Attention (null) 95% CI"
@@ -36,7 +37,7 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
                 x=rows["ratio"],
                 y=rows["score"],
                 mode="lines+markers",
-                name=f"{policy} (null)" if is_null else policy,
+                name=chart_text(f"{policy} (null)" if is_null else policy),
                 line={"dash": "dot", "color": "gray"} if is_null else None,
                 error_y={
                     "type": "data",
@@ -58,7 +59,10 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
                 line={"dash": "dash", "color": "black"},
             )
         )
-    figure.update_layout(title=title, xaxis_title="compression ratio (N_avg / K)", yaxis_title=quantity)
+    # a title names the model and the task, which a bundle may name (as the arms' labels, their parameters)
+    figure.update_layout(
+        title=chart_text(title), xaxis_title="compression ratio (N_avg / K)", yaxis_title=quantity
+    )
     figure.update_xaxes(type="log", tickvals=[2, 4, 8, 16], ticktext=["2x", "4x", "8x", "16x"])
     return figure
 
@@ -92,7 +96,9 @@ def _one_ratio(curves: pd.DataFrame, title: str, quantity: str) -> go.Figure:
     if not full.empty:
         score = float(full["score"].iloc[0])
         figure.add_hline(y=score, line={"dash": "dash", "color": "black"}, name="full cache", showlegend=True)
-    figure.update_layout(title=f"{title} (one ratio: {ratio:g}x)", xaxis_title="policy", yaxis_title=quantity)
+    figure.update_layout(
+        title=chart_text(f"{title} (one ratio: {ratio:g}x)"), xaxis_title="policy", yaxis_title=quantity
+    )
     return figure
 
 
@@ -110,7 +116,7 @@ def efficiency(rows: pd.DataFrame, title: str) -> go.Figure:
         )
     )
     figure.update_layout(
-        title=title,
+        title=chart_text(title),
         xaxis_title="decode tokens/s ÷ full cache's",
         yaxis_title="average score (selected budget)",
     )
@@ -129,7 +135,7 @@ def head_to_head(rows: pd.DataFrame, title: str) -> go.Figure:
         figure.add_trace(
             go.Scatter(
                 x=part["Δ (A − B)"],
-                y=part["task"],
+                y=part["task"].map(chart_text),
                 mode="markers",
                 name=name,
                 marker={"symbol": symbol, "size": 10},
@@ -141,6 +147,10 @@ def head_to_head(rows: pd.DataFrame, title: str) -> go.Figure:
             )
         )
     figure.add_vline(x=0, line={"dash": "dash", "color": "gray"})
-    figure.update_layout(title=title, xaxis_title="paired difference A − B (95% CI)", yaxis_title=None)
-    figure.update_yaxes(type="category", categoryorder="array", categoryarray=list(ordered["task"]))
+    figure.update_layout(
+        title=chart_text(title), xaxis_title="paired difference A − B (95% CI)", yaxis_title=None
+    )
+    figure.update_yaxes(
+        type="category", categoryorder="array", categoryarray=list(ordered["task"].map(chart_text))
+    )
     return figure

@@ -6,7 +6,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.text import Text
 
 from kvbench.commands import (
@@ -21,10 +20,11 @@ from kvbench.commands import (
     run,
     submissions,
 )
+from kvbench.commands.common import printable, text_console
 from kvbench.errors import KvbenchError
 
 # messages are printed as they are: a path or a name with "[/]" or ":smile:" in it stays that text
-errors = Console(stderr=True, markup=False, emoji=False, highlight=False)
+errors = text_console(stderr=True, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fail(message: str) -> None:
-    """One error line on stderr, ``kvbench:`` in bold red before it."""
-    errors.print(Text.assemble(("kvbench:", "bold red"), " ", message), soft_wrap=True)
+    """One error line on stderr, ``kvbench:`` in bold red before it. A message may quote a scorer or a
+    bundle (a scorer's exception, a name): its control characters are printed escaped."""
+    errors.print(Text.assemble(("kvbench:", "bold red"), " ", printable(message, lines=True)), soft_wrap=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

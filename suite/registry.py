@@ -23,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from kvbench.core.contract import Policy, is_policy_class
+from kvbench.core.contract import Policy, is_policy_class, policy_name_problem
 from kvbench.errors import SpecError, UnknownPolicyError
 
 ENTRY_POINT_GROUP = "kvbench.policies"
@@ -123,7 +123,12 @@ def load_file_policy(path_text: str, class_name: str) -> PolicyRef:
 
 
 def refuse_builtin_name(name: str, where: str) -> None:
-    """A file scorer may not take a built-in's name: its results would pass for the built-in's."""
+    """A file scorer may not take a built-in's name: its results would pass for the built-in's. Nor a
+    name outside @policy's rule: ``@policy`` checks it, but a file can set ``name`` after decorating, and
+    an isolated scorer's process says its name itself, so the name is checked again here."""
+    problem = policy_name_problem(name)
+    if problem:
+        raise SpecError(f"{where}: {problem}; give the scorer such a name in @kvbench.policy('...')")
     builtins = builtin_policies()
     if name in builtins:
         raise SpecError(

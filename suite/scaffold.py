@@ -6,6 +6,7 @@ import keyword
 import re
 from pathlib import Path
 
+from kvbench.core.contract import policy_name_problem
 from kvbench.errors import SpecError
 
 TEMPLATE = '''"""{title}: one line saying what this scorer keeps.
@@ -64,10 +65,9 @@ def write_template(name: str, folder: Path, *, builtin: bool = False) -> tuple[P
     """Write ``folder/<module>.py`` for policy ``name``; refuse to overwrite an existing file. Returns the
     file and the ``--policy`` text that selects it (``builtin``: the folder is kvbench's policies/), which
     the template's comment shows with a parameter."""
-    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
-        raise SpecError(
-            f"policy name {name!r}: use lower-case letters, digits, '-' and '_', starting with a letter"
-        )
+    problem = policy_name_problem(name)
+    if problem:
+        raise SpecError(f"kvbench new-policy: {problem}")
     module = name.replace("-", "_")
     if keyword.iskeyword(module):
         raise SpecError(f"policy name {name!r} is a Python keyword; choose another")

@@ -1,4 +1,5 @@
-"""Arguments that several subcommands share, so that each maps to one field the same way everywhere."""
+"""What several subcommands share: arguments, so that each maps to one field the same way everywhere, and
+the console, which prints text from a scorer or a bundle as text (printable())."""
 
 from __future__ import annotations
 
@@ -6,16 +7,60 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
+from rich.segment import Segment
 
 from kvbench.errors import StorageError
 
-# Piped output is not wrapped at 80 columns: tables stay readable in logs and CI. Text is printed as it
-# is: a policy name, a path or a message with "[/]" or ":smile:" in it is neither Rich markup nor an
-# emoji code (style goes through rich.text.Text).
-console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
+# Every C0 and C1 control character and DEL (Unicode category Cc), and the bidirectional overrides that
+# make a terminal show text in another order than it is: a scorer's message or a bundle's name with
+# "\x1b]0;...\x07" would retitle the operator's terminal, "\x1b[2J" clear it, "\x9b" start a sequence on
+# terminals that read C1. rich.control.escape_control_codes covers only BEL, BS, VT, FF and CR, and
+# rich.text.Text drops those five and passes ESC through, so the table is written here.
+_UNPRINTABLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {code: ascii(chr(code))[1:-1] for code in _UNPRINTABLE}
+_ESCAPES_IN_LINES = {code: text for code, text in _ESCAPES.items() if chr(code) not in "\n\t"}
+
+
+def printable(text: object, *, lines: bool = False) -> str:
+    """``text`` with every control character shown as its Python escape (ESC as ``\\x1b``), for a
+    terminal: the one way kvbench prints text that came from a scorer or a bundle (a name, a parameter, a
+    message, a submitter). ``lines`` keeps newlines and tabs, for a multi-line message."""
+    return str(text).translate(_ESCAPES_IN_LINES if lines else _ESCAPES)
+
+
+class _Escaped:
+    """A renderable whose text segments are printable(): what reaches the terminal from kvbench's consoles
+    has no control character but rich's own (styles, and the cursor moves of a live display)."""
+
+    def __init__(self, renderable: ConsoleRenderable) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        for segment in console.render(self.renderable, options):
+            yield segment if segment.control else segment._replace(text=printable(segment.text, lines=True))
+
+
+class _EscapeHook(RenderHook):
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Escaped(r) for r in renderables]
+
+
+def text_console(**settings: Any) -> Console:
+    """A Console that prints text as it is: no Rich markup or emoji codes (a name with "[/]" or ":smile:"
+    in it is that text; style goes through rich.text.Text) and no control characters (printable(), as a
+    last guard: call printable() on text from a scorer or a bundle before a table measures it)."""
+    made = Console(markup=False, emoji=False, **settings)
+    made.push_render_hook(_EscapeHook())
+    return made
+
+
+# Piped output is not wrapped at 80 columns: tables stay readable in logs and CI.
+console = text_console(width=None if sys.stdout.isatty() else 160)
 
 
 def output_folder(folder: Path, flag: str) -> Path:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench.commands.common import printable
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="list policies, tasks, protocols, suites or models")
@@ -29,7 +31,8 @@ def list_things(args: argparse.Namespace) -> int:
 
         for name, cls in known_policies().items():
             needs = f"  [needs: {', '.join(sorted(cls.needs))}]" if cls.needs else ""
-            print(f"{name}\t{cls.description}{needs}")
+            # an installed package's policy documents itself: its text is printed escaped
+            print(f"{printable(name)}\t{printable(cls.description)}{printable(needs)}")
     elif args.what == "models":
         from kvbench.specs.model import load_model_spec, model_names
 

@@ -16,6 +16,7 @@ from kvbench.commands.common import (
     console,
     output_file,
     output_folder,
+    printable,
     use_threads,
     warn_if_busy,
 )
@@ -361,7 +362,7 @@ def validate_command(args: argparse.Namespace) -> int:
 
     checked = validate_paths(args.path, check_task=resolved_task)
     for kind, name in checked:
-        print(f"ok\t{kind}\t{name}")
+        print(f"ok\t{kind}\t{printable(name)}")
     return 0
 
 
@@ -390,7 +391,7 @@ def compare_command(args: argparse.Namespace) -> int:
     )
     rows = compare(args.db, filters)
     if args.format != "table":
-        print(render(rows, args.format))
+        print(printable(render(rows, args.format), lines=True))  # JSON escapes them itself
         return 0
     if not rows:
         console.print("no stored policy matches these filters with a baseline run beside it")
@@ -425,16 +426,17 @@ def print_rows(rows: list[dict], title: str, *, wide: bool = False) -> None:
     from kvbench.results.compare import COMPACT_HEADER, compact_cells, power_notes
 
     if wide:
-        console.print(wide_view(rows, title, console))
+        console.print(wide_view(rows, printable(title), console))
         return
-    table = Table(title=title)
+    # names, tasks and models may come from a bundle: escaped before the table measures its cells
+    table = Table(title=printable(title))
     for column in COMPACT_HEADER:
         table.add_column(column, justify="left" if column in ("policy", "verdict (Holm p)") else "right")
     for r in rows:
-        table.add_row(*compact_cells(r))
+        table.add_row(*map(printable, compact_cells(r)))
     console.print(table)
     for note in power_notes(rows):
-        console.print(note)
+        console.print(printable(note))
 
 
 def _parse_pool(text: str) -> tuple[str, tuple[str, ...]]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from kvbench.commands.common import console, output_file
+from kvbench.commands.common import console, output_file, printable
 from kvbench.errors import SpecError
 from kvbench.store.atomic import atomic_write
 
@@ -154,7 +154,7 @@ def _refused(bundle: Path, failures: list) -> int:
         highlight=False,
     )
     for failure in failures:
-        console.print(f"  {failure}", highlight=False, soft_wrap=True)
+        console.print(f"  {printable(failure)}", highlight=False, soft_wrap=True)
     return 1
 
 
@@ -233,7 +233,8 @@ def verify_command(args: argparse.Namespace) -> int:
     title = f"verify {sha256[:16]}, {args.sample} problem(s) per family drawn with seed {seed}"
     table = Table("run", "cell", "outcome", "method", "problems", "detail", title=title)
     for o in outcomes:
-        table.add_row(o.run_id, o.label, o.outcome, o.method, str(o.problems), o.detail)
+        # a label and a detail (a scorer's error) come from the bundle: escaped before the table measures them
+        table.add_row(*map(printable, (o.run_id, o.label, o.outcome, o.method, o.problems, o.detail)))
     console.print(table)
     console.print(
         f"{time.perf_counter() - started:.1f} s on {json.dumps(outcomes[0].machine) if outcomes else '-'}",

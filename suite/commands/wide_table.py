@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from kvbench.commands.common import printable
 from kvbench.results.compare import HEADER, arm_name, display_cells
 
 NATURAL = 10**6
@@ -20,7 +21,7 @@ def wide_view(rows: list[dict], title: str, console: Console) -> RenderableType:
     for column in HEADER:
         table.add_column(column, no_wrap=True)
     for row in rows:
-        table.add_row(*display_cells(row))
+        table.add_row(*map(printable, display_cells(row)))
     if console.measure(table, options=console.options.update_width(NATURAL)).maximum <= console.width:
         return table
     return Group(title, *(_block(row) for row in rows))
@@ -29,10 +30,12 @@ def wide_view(rows: list[dict], title: str, console: Console) -> RenderableType:
 def _block(row: dict) -> Table:
     """One row's fields, one a line; a value longer than its column wraps, and is never cut."""
     block = Table(
-        title=f"{arm_name(row)}: {row['task']} on {row['model']}", title_justify="left", show_header=False
+        title=printable(f"{arm_name(row)}: {row['task']} on {row['model']}"),
+        title_justify="left",
+        show_header=False,
     )
     block.add_column(style="bold")
     block.add_column(overflow="fold")
     for field, value in zip(HEADER, display_cells(row), strict=True):
-        block.add_row(field, value)
+        block.add_row(field, printable(value))
     return block

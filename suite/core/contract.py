@@ -9,6 +9,7 @@ policies that must see every decode step. Budgets, protection, top-k and compact
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast, get_args
@@ -26,6 +27,21 @@ Need = Literal["queries", "step_attention", "rope", "calibration"]
 - ``calibration``: per-model statistics made by ``kvbench calibrate``.
 """
 NEEDS: tuple[Need, ...] = get_args(Need)
+
+POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+"""What ``@policy(name)`` accepts, matched whole. A name is printed in terminals, tables and the
+leaderboard, and names a bundle's scorer member (``scorers/NAME.py``): no control character, markup,
+quote, space or path separator can be in one. No ``.`` either: ``--policy x.py`` reads as a file."""
+POLICY_NAME_RULE = "a lower-case letter, then at most 63 lower-case letters, digits, '-' or '_'"
+
+
+def policy_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a policy (a sentence with the name, the rule and a valid example), or None."""
+    if isinstance(name, str) and POLICY_NAME.fullmatch(name):
+        return None
+    # repr shows a control character as its escape; a long name is cut, not printed whole
+    shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else f"{name[:80]!r}…"
+    return f"policy name {shown} is not allowed: a name is {POLICY_NAME_RULE} (e.g. 'my-scorer_2')"
 
 
 @dataclass(frozen=True)
@@ -253,8 +269,12 @@ P = TypeVar("P", bound=type[Policy])
 def policy(name: str, *, needs: set[Need] | frozenset[Need] = frozenset()) -> Callable[[P], P]:
     """Register a Policy subclass under ``name``; its fields become validated, frozen parameters.
 
-    The class docstring's first line is the policy's one-line description.
+    The class docstring's first line is the policy's one-line description. ``name`` must match
+    POLICY_NAME (ValueError otherwise).
     """
+    problem = policy_name_problem(name)
+    if problem:
+        raise ValueError(f"@policy: {problem}")
     unknown = set(needs) - set(NEEDS)
     if unknown:
         raise ValueError(f"policy {name!r}: unknown needs {sorted(unknown)}; known: {list(NEEDS)}")

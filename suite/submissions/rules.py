@@ -14,6 +14,8 @@ suite           the suite ships in the bundle, as the member its run names, with
                 recorded, and is not a different file under the name of one of this kvbench's suites
 protocol        the shipped protocol is the runs' protocol, and a built-in name means this kvbench's one
 scorer          a policy not built into kvbench ships its source, with the hash its runs recorded
+policy-name     every policy name a run carries (its spec's, its documentation's) is one @kvbench.policy
+                accepts (kvbench.core.contract.POLICY_NAME)
 baselines       each policy run has its null and full-cache runs in the bundle, on the same problems
                 and seeds
 readable        anything else that keeps a run from being judged (a file of an unexpected shape)
@@ -33,6 +35,7 @@ import duckdb
 import pydantic
 import yaml
 
+from kvbench.core.contract import policy_name_problem
 from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
 from kvbench.results.check import outputs_digest
@@ -166,6 +169,7 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
         _suite(folder, run, cell, checked)
         _protocol(folder, run, cell, checked)
         _scorer(folder, run, cell, checked)
+        _policy_names(where, run, checked)
         return True
     except Exception as exc:  # a submitter's file of any shape: refused by name, never a traceback
         checked.fail(where, "readable", f"cannot be judged ({type(exc).__name__}: {_first_line(exc)})")
@@ -359,6 +363,14 @@ def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked
         checked.fail(
             str(cell["scorer"]), "scorer", f"its sha256 is not the one run {run.run_id} recorded for {name!r}"
         )
+
+
+def _policy_names(where: str, run: StoredRun, checked: Checked) -> None:
+    documented = _mapping(run.manifest.get("policy_doc")).get("name", run.spec.policy.name)
+    for name in dict.fromkeys((run.spec.policy.name, documented)):
+        problem = policy_name_problem(name)
+        if problem:
+            checked.fail(f"{where}/manifest.json", "policy-name", problem)
 
 
 def _baselines(checked: Checked) -> None:

@@ -8,6 +8,7 @@ in artifacts/ (or $KVBENCH_ARTIFACTS).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from built import built_once
+from invoke import kvbench
+
+from kvbench.leaderboard.display import JOINER
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -68,31 +73,36 @@ def wait_until_healthy(url: str, server: subprocess.Popen, timeout: float = 90) 
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
+@contextlib.contextmanager
+def serving(database: Path, folder: Path, *flags: str) -> Iterator[str]:
+    """`kvbench leaderboard` on ``database`` with ``flags``, its log in ``folder``: its address, while
+    it runs; stopped afterwards."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (folder / "server.log").open("w") as log:
+        command = [KVBENCH, "leaderboard", "--db", str(database), "--port", str(port), *flags]
+        server = subprocess.Popen(command, stdout=log, stderr=log)
+        try:
+            wait_until_healthy(url, server)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def served(board_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One `kvbench leaderboard --public` for every test here; stopping it must stop Streamlit too."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path_factory.mktemp("served") / "server.log").open("w")
-    server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(board_db), "--port", str(port), "--public"],
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        wait_until_healthy(url, server)
+    with serving(board_db, tmp_path_factory.mktemp("served"), "--public") as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
     with pytest.raises(OSError):  # stopping `kvbench leaderboard` stopped its Streamlit server too
         time.sleep(2)
         urllib.request.urlopen(f"{url}/_stcore/health", timeout=5)
 
 
 @pytest.fixture(scope="module")
-def browser(served: str) -> Iterator[Browser]:
+def browser() -> Iterator[Browser]:
+    """One headless chromium for every test here (a test that needs the shared board asks for served)."""
     from playwright.sync_api import sync_playwright
 
     executable = chromium()
@@ -262,14 +272,7 @@ def test_one_ratio_shows_points_the_null_band_and_the_full_cache(
 ) -> None:
     """After `make run` (one ratio) the budget view draws something visible: a point per arm, the null's
     band and the full cache's line (plotly's shapes layer), and says that a curve needs more ratios."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [KVBENCH, "leaderboard", "--db", str(one_ratio_db), "--port", str(port)], stdout=log, stderr=log
-    )
-    try:
-        wait_until_healthy(url, server)
+    with serving(one_ratio_db, tmp_path) as url:
         page = fresh_page(browser)
         page.goto(f"{url}/?view=Budget+curves")
         panel = page.get_by_role("tabpanel", name="Budget curves")
@@ -284,7 +287,93 @@ def test_one_ratio_shows_points_the_null_band_and_the_full_cache(
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "leaderboard-one-ratio.png"), full_page=True)
         page.context.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
+
+
+MARKUP = (
+    "<img src=x onerror=alert(1)> **bold** [link](http://example.com) ![pixel](http://127.0.0.1:9/p.png) "
+    "<b>b</b>"
+)
+"""HTML, emphasis, a link and an image, and a tag plotly reads: what a submitter could write in a
+parameter, a docstring or the bundle's submitter and description."""
+HOSTILE_SCORER = f'''"""Module notes: {MARKUP}"""
+
+from kvbench import EvictionView, Policy, policy
+
+
+@policy("hostile")
+class Hostile(Policy):
+    """Summary: {MARKUP}"""
+
+    note: str = {MARKUP!r}
+
+    def score(self, view: EvictionView):
+        return view.keys.float().norm(dim=-1)
+'''
+
+
+@pytest.fixture(scope="module")
+def hostile_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A board from a real bundle whose scorer's parameter and docstrings and whose submitter and
+    description hold MARKUP: its default setting ran one problem, its other setting and the null two, so
+    the page names the default setting, parameters and all, in its "Marked ≠ null" warning."""
+
+    def build(root: Path) -> Path:
+        (root / "hostile.py").write_text(HOSTILE_SCORER)
+        run = ("run", "--model", "tiny-qwen3", "--task", "fidelity", "--samples", "1", "--quiet")
+        for setting, limit in (("hostile.py:Hostile:note=plain", "2"), ("hostile.py:Hostile", "1")):
+            done = kvbench(*run, "--policy", setting, "--limit", limit, cwd=root)
+            assert done.returncode == 0, done.stdout + done.stderr
+        for args in (
+            ("export", "bundle.tar.gz", "--scorer", "hostile.py", "--submitter", f"Mallory {MARKUP}"),
+            ("accept", "bundle.tar.gz", "--db", "board.duckdb"),
+        ):
+            extra = ("--description", MARKUP) if args[0] == "export" else ()
+            done = kvbench(*args, *extra, cwd=root)
+            assert done.returncode == 0, done.stdout + done.stderr
+        return root / "board.snapshot.duckdb"
+
+    return built_once(tmp_path_factory, "hostile-board", build)
+
+
+@pytest.mark.slow
+def test_text_from_a_bundle_is_shown_as_text_never_as_markup(
+    hostile_board: Path, browser: Browser, tmp_path: Path
+) -> None:
+    with serving(hostile_board, tmp_path) as url:
+        page = fresh_page(browser)
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(url)
+        board = page.get_by_role("tabpanel", name="Leaderboard")
+        warning = board.get_by_text("Marked ≠ null")
+        warning.wait_for(timeout=90_000)
+        # the setting's parameters, character for character, in the warning's text (where a bare link
+        # would begin, an invisible word joiner keeps GFM from linking it)
+        shown = warning.text_content().replace(JOINER, "")
+        assert f"hostile (note={MARKUP}) scored 1 problems" in shown, shown
+        page.goto(f"{url}/?{urllib.parse.urlencode({'view': 'Policy', 'policy': 'hostile'})}")
+        panel = page.get_by_role("tabpanel", name="Policy")
+        panel.get_by_text(f"hostile — Summary: {MARKUP}").wait_for(timeout=90_000)
+        panel.get_by_text(f"Module notes: {MARKUP}").wait_for(timeout=30_000)
+        pair = {"pair_a": f"hostile (note={MARKUP})", "pair_b": "random (null)"}
+        for view in ("Leaderboard", "Head-to-head", "Provenance"):
+            page.goto(f"{url}/?{urllib.parse.urlencode({'view': view, **pair})}")
+            panel = page.get_by_role("tabpanel", name=view)
+            panel.get_by_test_id("stDataFrame").first.wait_for(timeout=90_000)
+            if view == "Head-to-head":  # plotly reads <a href>, <b> and <br> in a title
+                title = panel.locator(".gtitle").first
+                title.wait_for(state="attached", timeout=30_000)
+                assert title.text_content() == f"A = hostile (note={MARKUP}) against B = random (null)"
+            if view == "Provenance":  # the submitter, in its cell of what every run shares (at the end)
+                shared = panel.get_by_test_id("stDataFrame").nth(1)
+                shared.locator(".dvn-scroller").evaluate("s => { s.scrollTop = s.scrollHeight; }")
+                cell = shared.locator("[role=gridcell]").filter(has_text="Mallory").first
+                cell.wait_for(state="attached", timeout=30_000)
+                assert cell.text_content() == f"Mallory {MARKUP}", cell.text_content()
+            # no element the markup would have made, on any view
+            assert page.locator("img[src='x'], img[src*='127.0.0.1:9'], a[href*='example.com']").count() == 0
+            assert page.locator("strong", has_text="bold").count() == 0, view
+        assert dialogs == []
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "leaderboard-hostile-text.png"), full_page=True)
+        page.context.close()
