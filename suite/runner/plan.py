@@ -143,6 +143,10 @@ class RunRequest:
 
 
 def _policy(text: str, request: RunRequest) -> Policy:
+    if text.startswith("kvpress:"):  # a kvpress press, scored in kvpress's own environment
+        from kvbench.kvpress.policy import kvpress_policy
+
+        return kvpress_policy(text)
     if request.isolate and parse_policy_arg(text)[1] is not None:
         from kvbench.isolation.host import IsolationLimits, isolated
 

@@ -1,0 +1,104 @@
+"""Which kvpress ScorerPresses kvbench can feed at a decode-time eviction event, and how.
+
+A press's ``score(module, hidden_states, keys, values, attentions, kwargs)`` is fed from what the engine
+holds at an event (kvbench.core.contract.EvictionView). A *feed* says how:
+
+- ``cache``: the candidates' keys and values alone;
+- ``window``: also the queries of the last W decoded tokens. The engine records them post-RoPE; the feed
+  rotates them back to pre-RoPE (exact for plain RoPE) and hands them to the press as ``hidden_states``
+  of a stand-in layer whose ``q_proj`` is the identity, with the matching ``position_embeddings`` and
+  ``rotary_emb`` (kvbench.kvpress.feed);
+- ``prerope_keys``: the candidates' own keys rotated back to pre-RoPE, as ``hidden_states`` of a stand-in
+  layer whose ``k_proj`` is the identity.
+
+Every other press is listed with the reason it cannot run, so that ``kvbench list policies`` says it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Feed = Literal["cache", "window", "prerope_keys"]
+
+
+@dataclass(frozen=True)
+class Support:
+    feed: Feed
+    window: str | None = None
+    """For the ``window`` feed: the press parameter that sets W (None: one query), and W = param + extra."""
+    extra: int = 0
+
+
+SUPPORTED: dict[str, Support] = {
+    "KnormPress": Support("cache"),
+    "StreamingLLMPress": Support("cache"),
+    "RandomPress": Support("cache"),
+    "KeyDiffPress": Support("cache"),
+    "LagKVPress": Support("cache"),
+    "CURPress": Support("cache"),
+    "LeverageScorePress": Support("prerope_keys"),
+    # SnapKV asserts more hidden states than its window: W = window_size + 1 queries
+    "SnapKVPress": Support("window", window="window_size", extra=1),
+    "TOVAPress": Support("window"),
+    # the query statistics skip n_sink hidden states: W = n_sink + 64 recent queries
+    "ExpectedAttentionPress": Support("window", window="n_sink", extra=64),
+    "CapPress": Support("window", window="n_sink", extra=64),
+}
+
+PREFILL_ONLY = (
+    "scores every cached token by its own query (it asserts as many hidden states as keys: prefill "
+    "only); at a decode-time event the engine holds queries of the last W tokens only"
+)
+UNSUPPORTED: dict[str, str] = {
+    "NonCausalAttnPress": PREFILL_ONLY,
+    "CompactorPress": PREFILL_ONLY,
+    "ObservedAttentionPress": (
+        "needs the full eager attention matrix of a prefill over every cached token; the engine records "
+        "no attention of tokens decoded before the event"
+    ),
+    "CriticalKVPress": (
+        "wraps another press and needs the layer's output projection weights (o_proj), which no "
+        "eviction view carries; a press object is not a --policy parameter"
+    ),
+    "QFilterPress": (
+        "needs trained Q-filters downloaded from the Hugging Face hub for the model (nvidia/QFilter-*); "
+        "kvbench runs offline: not supported until a local file can be given"
+    ),
+    "KVzapPress": (
+        "needs a trained KVzap model from the Hugging Face hub (nvidia/KVzap-*) applied to the layer's "
+        "hidden states; kvbench runs offline and records no hidden states"
+    ),
+    "PyramidKVPress": (
+        "overrides compress() to keep a different number of tokens at each layer; kvbench's engine keeps "
+        "K - B candidates at every layer, so its own scores would not be the press (use SnapKVPress)"
+    ),
+    "ExpectedAttentionStatsPress": (
+        "loads precomputed query statistics from the Hugging Face hub (or a stats folder made from the "
+        "model with kvpress); kvbench runs offline: use ExpectedAttentionPress, or kvbench's own "
+        "calibrated policies"
+    ),
+}
+"""The ScorerPresses of kvpress 0.5.5 that do not run, with the reason. A press found in an installed
+kvpress that is in neither table is listed as not supported: not yet reviewed."""
+
+ENGINE_SETS = ("compression_ratio",)
+"""Press parameters the engine owns: the kept count K − B comes from the protocol's budget."""
+
+
+def reason(name: str) -> str | None:
+    """None when the press runs; otherwise why not."""
+    if name in SUPPORTED:
+        return None
+    return UNSUPPORTED.get(name, "not reviewed for kvbench yet (a press newer than kvpress 0.5.5)")
+
+
+def query_window(name: str, params: dict[str, object], defaults: dict[str, object]) -> int:
+    """How many recent queries a ``window`` press reads (0 for the other feeds)."""
+    support = SUPPORTED[name]
+    if support.feed != "window":
+        return 0
+    if support.window is None:
+        return 1 + support.extra
+    value = params.get(support.window, defaults.get(support.window))
+    return int(value) + support.extra  # type: ignore[call-overload]

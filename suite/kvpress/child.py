@@ -1,0 +1,169 @@
+"""The kvpress child: run under the kvpress environment's interpreter, never in kvbench's own process.
+
+``python -m kvbench.kvpress.child list`` prints the ScorerPresses of the installed kvpress as JSON.
+``python -m kvbench.kvpress.child serve PRESS`` answers the parent over kvbench.isolation.wire: a hello
+with the press's parameters, then one ``score`` request per eviction event of one layer, each answered
+with the press's scores [B, Hkv, n] in float32. Replies go out on the stdout this process found at start,
+which is then pointed at stderr, so that a print (or a logger) cannot corrupt the replies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import traceback
+from importlib.metadata import version
+from typing import Any
+
+import torch
+
+from kvbench.isolation import messages, wire
+from kvbench.kvpress.catalog import ENGINE_SETS, SUPPORTED, query_window
+from kvbench.kvpress.feed import score_arguments
+
+MAX_REQUEST = 1 << 34
+
+
+def scorer_presses() -> dict[str, type]:
+    """Every ScorerPress subclass that ``kvpress.presses`` exports, by class name."""
+    import kvpress.presses as presses
+    from kvpress.presses.scorer_press import ScorerPress
+
+    found = {}
+    for module in (presses, *(m for n, m in sys.modules.items() if n.startswith("kvpress.presses."))):
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, ScorerPress) and obj is not ScorerPress:
+                found[name] = obj
+    return dict(sorted(found.items()))
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    """A dataclass press's init parameters and their defaults (JSON-able ones only)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init or f.name.startswith("_"):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        out[f.name] = default if isinstance(default, (bool, int, float, str, type(None))) else repr(default)
+    return out
+
+
+def _typed(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """``--policy`` text values turned into the types of the press's defaults; unknown names refused."""
+    fields = _fields(cls)
+    for name in ENGINE_SETS:
+        if name in raw:
+            raise ValueError(
+                f"{name} is set by kvbench's engine (it keeps K - B candidates at each event, K from the "
+                "protocol's budget); leave it out"
+            )
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in ENGINE_SETS) or "none"
+        raise ValueError(f"{cls.__name__} has no parameter {', '.join(unknown)}; its parameters: {shown}")
+    typed: dict[str, Any] = {}
+    for key, value in raw.items():
+        default = fields[key]
+        if isinstance(value, str) and isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{cls.__name__}.{key} is true or false, not {value!r}")
+            typed[key] = value.lower() in ("true", "1")
+        elif isinstance(value, str) and isinstance(default, (int, float)):
+            typed[key] = type(default)(value)
+        elif isinstance(value, str) and value.lower() == "none" and default is None:
+            typed[key] = None
+        elif isinstance(value, str) and default is None:
+            typed[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        else:
+            typed[key] = value
+    return typed
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "trace": "".join(traceback.format_exception(exc))[-4000:],
+    }
+
+
+def _hello(press_name: str, raw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    presses = scorer_presses()
+    if press_name not in presses:
+        raise ValueError(f"kvpress {version('kvpress')} has no ScorerPress {press_name!r}")
+    cls = presses[press_name]
+    params = _typed(cls, raw)
+    press = cls(**params)
+    resolved = {k: v for k, v in _fields(cls).items() if k not in ENGINE_SETS} | params
+    return press, {
+        "ok": True,
+        "press": press_name,
+        "params": resolved,
+        "kvpress_version": version("kvpress"),
+        "transformers_version": version("transformers"),
+        "feed": SUPPORTED[press_name].feed,
+        "query_window": query_window(press_name, params, _fields(cls)),
+        "module": cls.__module__,
+        "summary": inspect.getdoc(cls) or "",
+    }
+
+
+def score(press: Any, header: dict[str, Any], tensors: dict[str, Any]) -> torch.Tensor:
+    """The press's scores at one event. Presses that draw from torch's global generator (RandomPress
+    without a seed, CURPress's and LeverageScorePress's sketches) draw from the first row's event seed,
+    so that a rerun is identical."""
+    from kvpress.presses.decoding_press import DecodingPress
+
+    view = messages.eviction_view(header, tensors)
+    # A press may read its compression_ratio inside score (StreamingLLMPress does): set it, as kvpress's
+    # own DecodingPress does at each compression, to the ratio that keeps exactly K - B of the n candidates.
+    ratio = DecodingPress._find_target_compression_ratio(None, view.num_candidates, view.keep)
+    press.compression_ratio = ratio
+    torch.manual_seed(int(header["seeds"][0]))
+    arguments = score_arguments(view, SUPPORTED[type(press).__name__].feed)
+    with torch.no_grad():
+        scores = press.score(**arguments)
+    return scores.float()
+
+
+def serve(press_name: str) -> None:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    torch.set_num_threads(1)
+    header, _ = wire.read(requests, MAX_REQUEST)
+    try:
+        press, hello = _hello(press_name, header.get("params", {}))
+    except BaseException as exc:
+        wire.write(replies, _failure(exc), {})
+        return
+    wire.write(replies, hello, {})
+    while True:
+        try:
+            header, tensors = wire.read(requests, MAX_REQUEST)
+        except wire.WireError:
+            return  # the parent closed the channel
+        if header.get("op") == "close":
+            return
+        try:
+            data = wire.encode({"ok": True}, {"scores": score(press, header, tensors)})
+        except BaseException as exc:
+            data = wire.encode(_failure(exc), {})
+        replies.write(data)
+        replies.flush()
+
+
+def listing() -> None:
+    print(json.dumps({"kvpress_version": version("kvpress"), "presses": list(scorer_presses())}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["list"]:
+        listing()
+    else:
+        serve(sys.argv[2])

@@ -1,0 +1,159 @@
+"""``--policy kvpress:PressName[:key=value,...]``: a kvpress ScorerPress as a kvbench Policy.
+
+The press lives in a child process under the kvpress environment's interpreter (kvbench.kvpress.child);
+this side sends each eviction event's view over kvbench.isolation's wire and takes back the scores. The
+engine, the null and the full cache run here, in kvbench's process, which never imports kvpress.
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import threading
+import weakref
+from typing import Any
+
+from torch import Tensor
+
+from kvbench.core.contract import EvictionView, Policy
+from kvbench.errors import ScorerError, SpecError
+from kvbench.isolation import messages, wire
+from kvbench.kvpress.catalog import SUPPORTED, reason
+from kvbench.kvpress.environment import child_environment, installed_presses, require
+from kvbench.registry import parse_policy_arg
+
+PREFIX = "kvpress:"
+REPLY_BYTES = 1 << 32
+NEEDS = {"cache": frozenset(), "window": frozenset({"queries", "rope"}), "prerope_keys": frozenset({"rope"})}
+
+
+class _Child:
+    """The press's process: one request, then its reply, in turn."""
+
+    def __init__(self, press: str) -> None:
+        self.process = subprocess.Popen(
+            [str(require()), "-m", "kvbench.kvpress.child", "serve", press],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_environment(),
+        )
+        self.log: collections.deque[str] = collections.deque(maxlen=40)
+        threading.Thread(target=self._drain, daemon=True).start()
+        self._finalizer = weakref.finalize(self, _stop, self.process)
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line.decode(errors="replace").rstrip())
+
+    def call(self, header: dict[str, Any], tensors: dict[str, Tensor], where: str) -> wire.Frame:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(wire.encode(header, tensors))
+            self.process.stdin.flush()
+            reply, out = wire.read(self.process.stdout, REPLY_BYTES)
+        except (wire.WireError, OSError) as exc:
+            self.close()
+            tail = " | ".join(list(self.log)[-5:])
+            raise ScorerError(
+                f"{where}: the kvpress process broke off ({exc}); its last words: {tail}"
+            ) from None
+        if not reply.get("ok"):
+            detail = "\n".join(str(reply.get("trace", "")).strip().splitlines()[-6:])
+            raise ScorerError(f"{where} raised {reply.get('error')}: {reply.get('message')}\n{detail}")
+        return reply, out
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+class KvpressPolicy(Policy):
+    """A kvpress ScorerPress scoring the candidates at each event; the engine owns everything else."""
+
+    def __init__(self, press: str, params: dict[str, Any]) -> None:
+        why = reason(press)
+        if why is not None:
+            version, found = installed_presses()
+            if press not in found:
+                raise SpecError(
+                    f"--policy {PREFIX}{press}: kvpress {version} has no ScorerPress {press!r}; "
+                    f"its presses: {', '.join(found)} (`kvbench list policies` marks which run)"
+                )
+            raise SpecError(f"--policy {PREFIX}{press}: kvbench cannot run this press: {why}")
+        self.press, self.raw = press, dict(params)
+        self.child: _Child | None = None
+        hello = self._start()
+        feed = SUPPORTED[press].feed
+        vars(self).update(
+            name=f"{PREFIX}{press}",
+            needs=NEEDS[feed],
+            description=f"kvpress {hello['kvpress_version']} {press}",
+        )
+        self.window = int(hello["query_window"])
+        self.recorded = {**hello["params"], "kvpress_version": hello["kvpress_version"]}
+        self.shipped_documentation = {
+            "name": self.name,
+            "summary": str(hello.get("summary", "")),
+            "module_doc": f"NVIDIA kvpress {hello['kvpress_version']}, scored in kvpress's own environment "
+            f"(transformers {hello['transformers_version']}) and fed as {feed!r} (kvbench.kvpress.catalog)",
+            "module": f"{hello['module']} (kvpress {hello['kvpress_version']})",
+            "class": press,
+            "source_sha256": None,
+            "needs": sorted(self.needs),
+            "origin": "kvpress",
+        }
+
+    def _start(self) -> dict[str, Any]:
+        self.child = _Child(self.press)
+        try:
+            hello, _ = self.child.call({"op": "hello", "params": self.raw}, {}, f"{PREFIX}{self.press}")
+        except ScorerError as exc:
+            self.child.close()
+            raise SpecError(f"--policy {PREFIX}{self.press}: {exc}") from None
+        return hello
+
+    @property
+    def query_window(self) -> int:
+        return self.window
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.recorded)
+
+    def score(self, view: EvictionView) -> Tensor:
+        if self.child is None:  # unpickled in another process (a Ray worker): start it there
+            self._start()
+        assert self.child is not None
+        where = f"policy {self.name!r} at layer {view.layer}, eviction event {view.event}"
+        _, tensors = self.child.call(*messages.eviction_request(view), where)
+        if "scores" not in tensors:
+            raise ScorerError(f"{where}: the kvpress process returned no scores")
+        return tensors["scores"].to(view.keys.device)
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**vars(self), "child": None}
+
+
+def is_kvpress(text: str) -> bool:
+    return text.startswith(PREFIX)
+
+
+def kvpress_policy(text: str) -> KvpressPolicy:
+    """The policy of ``kvpress:PressName[:key=value,...]``."""
+    head, _, rest = text[len(PREFIX) :].partition(":")
+    if not head:
+        raise SpecError(
+            f"--policy {text!r}: name a press, as in kvpress:KnormPress or kvpress:SnapKVPress:window_size=32"
+        )
+    _, _, params = parse_policy_arg(f"{head}:{rest}")
+    return KvpressPolicy(head, params)
