@@ -33,6 +33,10 @@ def list_things(args: argparse.Namespace) -> int:
             needs = f"  [needs: {', '.join(sorted(cls.needs))}]" if cls.needs else ""
             # an installed package's policy documents itself: its text is printed escaped
             print(f"{printable(name)}\t{printable(cls.description)}{printable(needs)}")
+        from kvbench.kvpress.listing import kvpress_lines
+
+        for name, what in kvpress_lines():  # kvpress's presses, from the kvpress venv: escaped as well
+            print(f"{printable(name)}\t{printable(what)}")
     elif args.what == "models":
         from kvbench.specs.model import load_model_spec, model_names
 
