@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from kvbench.commands.common import add_threads_argument, console, mib, use_threads, warn_if_busy
+
+if TYPE_CHECKING:
+    from kvbench.core.contract import Policy
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -63,7 +67,13 @@ def generate_command(args: argparse.Namespace) -> int:
     from kvbench.specs.model import load_model_spec
 
     use_threads(args.threads)
-    policy = make_policy(args.policy)
+    policy: Policy
+    if args.policy.startswith("kvpress:"):  # a kvpress press, scored in kvpress's own environment
+        from kvbench.kvpress.policy import kvpress_policy
+
+        policy = kvpress_policy(args.policy)
+    else:
+        policy = make_policy(args.policy)
     schedule = Schedule(
         budget=args.budget, buffer=args.buffer, protection=args.protection, sinks=args.sinks, order=args.order
     )
