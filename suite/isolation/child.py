@@ -10,17 +10,14 @@ parent decides what it means.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import Any
 
 import torch
 
-from kvbench.isolation import messages, wire
+from kvbench.isolation import messages, serving, wire
 from kvbench.registry import load_file_policy
-
-MAX_REQUEST = 1 << 34
 
 
 def _failure(exc: BaseException, path: str) -> dict[str, Any]:
@@ -62,44 +59,25 @@ def _describe(policy: Any) -> dict[str, Any]:
 
 
 def serve(path: str, class_name: str) -> None:
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    torch.set_num_threads(1)
-    wire.write(replies, {"ok": True, "op": "started"}, {})
-    header, _ = wire.read(requests, MAX_REQUEST)
-    try:
+    policy: Any = None
+
+    def hello(header: dict[str, Any]) -> dict[str, Any]:
+        nonlocal policy
         policy = load_file_policy(path, class_name).cls(**header.get("params", {}))
-        hello = _describe(policy)
-        wire.encode(hello, {})  # a parameter that is not JSON fails here, by name
-    except BaseException as exc:
-        wire.write(replies, _failure(exc, path), {})
-        return
-    wire.write(replies, hello, {})
-    while True:
-        try:
-            header, tensors = wire.read(requests, MAX_REQUEST)
-        except wire.WireError:
-            return  # the parent closed the channel
-        if header.get("op") == "close":
-            return
-        try:
-            if header["op"] == "score":
-                view = messages.eviction_view(header, tensors)
-                scores = policy.score(view)
-                if not isinstance(scores, torch.Tensor):
-                    raise TypeError(f"score returned {type(scores).__name__}, not a Tensor")
-                reply = messages.state_reply(view.state, scores)
-            else:
-                step = messages.step_view(header, tensors)
-                policy.observe(step)
-                reply = messages.state_reply(step.state)
-            data = wire.encode(*reply)
-        except BaseException as exc:
-            data = wire.encode(_failure(exc, path), {})
-        replies.write(data)
-        replies.flush()
+        return _describe(policy)
+
+    def answer(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> wire.Frame:
+        if header["op"] == "score":
+            view = messages.eviction_view(header, tensors)
+            scores = policy.score(view)
+            if not isinstance(scores, torch.Tensor):
+                raise TypeError(f"score returned {type(scores).__name__}, not a Tensor")
+            return messages.state_reply(view.state, scores)
+        step = messages.step_view(header, tensors)
+        policy.observe(step)
+        return messages.state_reply(step.state)
+
+    serving.serve(hello, answer, failure=lambda exc: _failure(exc, path), started=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The kvpress child: run under the kvpress environment's interpreter, never in kvbench's own process.
 
 ``python -m kvbench.kvpress.child list`` prints the ScorerPresses of the installed kvpress as JSON.
-``python -m kvbench.kvpress.child serve PRESS`` answers the parent over kvbench.isolation.wire: a hello
-with the press's parameters, then one ``score`` request per eviction event of one layer, each answered
-with the press's scores [B, Hkv, n] in float32. Replies go out on the stdout this process found at start,
-which is then pointed at stderr, so that a print (or a logger) cannot corrupt the replies.
+``python -m kvbench.kvpress.child serve PRESS`` answers the parent over kvbench.isolation.wire
+(kvbench.isolation.serving): a hello with the press's parameters, then one ``score`` request per eviction
+event of one layer, each answered with the press's scores [B, Hkv, n] in float32.
 """
 
 from __future__ import annotations
@@ -12,19 +11,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 import sys
-import traceback
 from importlib.metadata import version
 from typing import Any
 
 import torch
 
-from kvbench.isolation import messages, wire
+from kvbench.isolation import messages, serving, wire
 from kvbench.kvpress.catalog import ENGINE_SETS, SUPPORTED, query_window
 from kvbench.kvpress.feed import score_arguments
-
-MAX_REQUEST = 1 << 34
 
 
 def scorer_presses() -> dict[str, type]:
@@ -43,7 +38,7 @@ def scorer_presses() -> dict[str, type]:
 def _fields(cls: type) -> dict[str, Any]:
     """A dataclass press's init parameters and their defaults (JSON-able ones only)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if not f.init or f.name.startswith("_"):
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -80,15 +75,6 @@ def _typed(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
         else:
             typed[key] = value
     return typed
-
-
-def _failure(exc: BaseException) -> dict[str, Any]:
-    return {
-        "ok": False,
-        "error": type(exc).__name__,
-        "message": str(exc)[:2000],
-        "trace": "".join(traceback.format_exception(exc))[-4000:],
-    }
 
 
 def _hello(press_name: str, raw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -131,31 +117,17 @@ def score(press: Any, header: dict[str, Any], tensors: dict[str, Any]) -> torch.
 
 
 def serve(press_name: str) -> None:
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    torch.set_num_threads(1)
-    header, _ = wire.read(requests, MAX_REQUEST)
-    try:
-        press, hello = _hello(press_name, header.get("params", {}))
-    except BaseException as exc:
-        wire.write(replies, _failure(exc), {})
-        return
-    wire.write(replies, hello, {})
-    while True:
-        try:
-            header, tensors = wire.read(requests, MAX_REQUEST)
-        except wire.WireError:
-            return  # the parent closed the channel
-        if header.get("op") == "close":
-            return
-        try:
-            data = wire.encode({"ok": True}, {"scores": score(press, header, tensors)})
-        except BaseException as exc:
-            data = wire.encode(_failure(exc), {})
-        replies.write(data)
-        replies.flush()
+    press: Any = None
+
+    def hello(header: dict[str, Any]) -> dict[str, Any]:
+        nonlocal press
+        press, greeting = _hello(press_name, header.get("params", {}))
+        return greeting
+
+    def answer(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> wire.Frame:
+        return {"ok": True}, {"scores": score(press, header, tensors)}
+
+    serving.serve(hello, answer)
 
 
 def listing() -> None:

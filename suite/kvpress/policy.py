@@ -96,8 +96,7 @@ class KvpressPolicy(Policy):
             needs=NEEDS[feed],
             description=f"kvpress {hello['kvpress_version']} {press}",
         )
-        self.window = int(hello["query_window"])
-        self.recorded = {**hello["params"], "kvpress_version": hello["kvpress_version"]}
+        self.hello = hello
         self.shipped_documentation = {
             "name": self.name,
             "summary": str(hello.get("summary", "")),
@@ -121,10 +120,12 @@ class KvpressPolicy(Policy):
 
     @property
     def query_window(self) -> int:
-        return self.window
+        """The recent queries the press reads as hidden states (kvbench.kvpress.catalog)."""
+        return int(self.hello["query_window"])
 
     def params(self) -> dict[str, Any]:
-        return dict(self.recorded)
+        """The press's parameters, defaults filled in, and the kvpress version: the run's identity."""
+        return {**self.hello["params"], "kvpress_version": self.hello["kvpress_version"]}
 
     def score(self, view: EvictionView) -> Tensor:
         if self.child is None:  # unpickled in another process (a Ray worker): start it there
