@@ -87,9 +87,18 @@ class KvpressPolicy(Policy):
                     f"its presses: {', '.join(found)} (`kvbench list policies` marks which run)"
                 )
             raise SpecError(f"--policy {PREFIX}{press}: kvbench cannot run this press: {why}")
-        self.press, self.raw = press, dict(params)
+        # a recorded identity (a submission's, say) names the kvpress version it was scored with
+        recorded = params.get("kvpress_version")
+        self.press, self.raw = press, {k: v for k, v in params.items() if k != "kvpress_version"}
         self.child: _Child | None = None
         hello = self._start()
+        if recorded is not None and str(recorded) != hello["kvpress_version"]:
+            self.close()
+            raise SpecError(
+                f"--policy {PREFIX}{press}: recorded with kvpress {recorded}, but the kvpress venv has "
+                f"{hello['kvpress_version']}; rebuild it: "
+                f"`make kvpress-venv KVPRESS_PACKAGE=kvpress=={recorded}`"
+            )
         feed = SUPPORTED[press].feed
         vars(self).update(
             name=f"{PREFIX}{press}",

@@ -106,3 +106,14 @@ def test_bad_parameters_are_refused_by_name() -> None:
         kvpress_policy("kvpress:SnapKVPress:windw=3")
     with pytest.raises(SpecError, match="compression_ratio is set by kvbench's engine"):
         kvpress_policy("kvpress:KnormPress:compression_ratio=0.5")
+
+
+def test_a_recorded_identity_rebuilds_the_press_only_under_its_kvpress_version() -> None:
+    kvpress_python()
+    again = kvpress_policy("kvpress:SnapKVPress:window_size=32,kvpress_version=0.5.5")
+    try:
+        assert again.params() == {"window_size": 32, "kernel_size": 5, "kvpress_version": "0.5.5"}
+    finally:
+        again.close()
+    with pytest.raises(SpecError, match=r"recorded with kvpress 0\.4\.0, but the kvpress venv has 0\.5\.5"):
+        kvpress_policy("kvpress:KnormPress:kvpress_version=0.4.0")
