@@ -85,7 +85,7 @@ $(KVPRESS_VENV)/.installed: pyproject.toml $(KVPRESS_LOCK)
 
 # The kvpress tests (parity per press, the DecodingPress oracle) with the kvpress venv present.
 test-kvpress: venv kvpress-venv
-	$(BIN)/python -m pytest tests/kvpress
+	$(BIN)/python -m pytest tests/kvpress_presses
 
 # Re-resolve the lock from pyproject.toml's ranges (pip-tools, in a throwaway venv), under the CPU torch.
 lock:

@@ -1,4 +1,7 @@
-"""What the kvpress tests share: the kvpress venv's interpreter, or a skip that says how to get it."""
+"""What the kvpress tests share: the kvpress venv's interpreter, or a skip that says how to get it.
+
+(The folder is not named tests/kvpress: tests/ is on sys.path, and a folder named kvpress there would
+answer ``import kvpress`` in kvbench's own venv.)"""
 
 from __future__ import annotations
 

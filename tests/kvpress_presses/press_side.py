@@ -1,4 +1,4 @@
-"""kvpress's own side of the parity test: run by tests/kvpress/test_parity.py under the kvpress venv.
+"""kvpress's own side of the parity test: run by tests/kvpress_presses/test_parity.py under the kvpress venv.
 
 A real transformers Qwen3 (tiny-qwen3's shape, seeded weights, transformers as kvpress pins it) reads T
 seeded tokens; at layer 1 the hook takes what the attention layer saw (the real module, its input hidden
