@@ -68,7 +68,9 @@ def generate_command(args: argparse.Namespace) -> int:
 
     use_threads(args.threads)
     policy: Policy
-    if args.policy.startswith("kvpress:"):  # a kvpress press, scored in kvpress's own environment
+    from kvbench.kvpress.catalog import press_of
+
+    if press_of(args.policy) is not None:  # a kvpress press, scored in kvpress's own environment
         from kvbench.kvpress.policy import kvpress_policy
 
         policy = kvpress_policy(args.policy)

@@ -102,3 +102,23 @@ def query_window(name: str, params: dict[str, object], defaults: dict[str, objec
         return 1 + support.extra
     value = params.get(support.window, defaults.get(support.window))
     return int(value) + support.extra  # type: ignore[call-overload]
+
+
+PREFIX = "kvpress:"
+"""``--policy kvpress:PressName[:key=value,...]`` selects a press by its kvpress class name."""
+
+
+def policy_name(press: str) -> str:
+    """The name a press's results carry: ``kvpress-`` and its class name in lower case without ``Press``
+    (``kvpress-knorm``), within @policy's rule for names (kvbench.core.contract.POLICY_NAME), so that its
+    runs can be exported and accepted like any entrant's."""
+    return "kvpress-" + press.removesuffix("Press").lower()
+
+
+def press_of(text: str) -> str | None:
+    """The press class a ``--policy`` text selects (``kvpress:KnormPress...`` or a recorded name such as
+    ``kvpress-knorm...``), or None when it selects no kvpress press."""
+    if text.startswith(PREFIX):
+        return text.split(":", 2)[1]
+    head = text.split(":", 1)[0]
+    return next((press for press in SUPPORTED if policy_name(press) == head), None)

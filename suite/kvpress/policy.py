@@ -18,11 +18,10 @@ from torch import Tensor
 from kvbench.core.contract import EvictionView, Policy
 from kvbench.errors import ScorerError, SpecError
 from kvbench.isolation import messages, wire
-from kvbench.kvpress.catalog import SUPPORTED, reason
+from kvbench.kvpress.catalog import PREFIX, SUPPORTED, policy_name, press_of, reason
 from kvbench.kvpress.environment import child_environment, installed_presses, require
 from kvbench.registry import parse_policy_arg
 
-PREFIX = "kvpress:"
 REPLY_BYTES = 1 << 32
 NEEDS = {"cache": frozenset(), "window": frozenset({"queries", "rope"}), "prerope_keys": frozenset({"rope"})}
 
@@ -101,7 +100,7 @@ class KvpressPolicy(Policy):
             )
         feed = SUPPORTED[press].feed
         vars(self).update(
-            name=f"{PREFIX}{press}",
+            name=policy_name(press),
             needs=NEEDS[feed],
             description=f"kvpress {hello['kvpress_version']} {press}",
         )
@@ -154,16 +153,14 @@ class KvpressPolicy(Policy):
         return {**vars(self), "child": None}
 
 
-def is_kvpress(text: str) -> bool:
-    return text.startswith(PREFIX)
-
-
 def kvpress_policy(text: str) -> KvpressPolicy:
-    """The policy of ``kvpress:PressName[:key=value,...]``."""
-    head, _, rest = text[len(PREFIX) :].partition(":")
-    if not head:
+    """The policy of ``kvpress:PressName[:key=value,...]``, or of a recorded name and parameters
+    (``kvpress-knorm[:key=value,...]``)."""
+    press = press_of(text)
+    if not press:
         raise SpecError(
             f"--policy {text!r}: name a press, as in kvpress:KnormPress or kvpress:SnapKVPress:window_size=32"
         )
-    _, _, params = parse_policy_arg(f"{head}:{rest}")
-    return KvpressPolicy(head, params)
+    rest = text[len(PREFIX) + len(press) :] if text.startswith(PREFIX) else text.partition(":")[2]
+    _, _, params = parse_policy_arg(f"{press}:{rest.removeprefix(':')}")
+    return KvpressPolicy(press, params)

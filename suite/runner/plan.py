@@ -143,7 +143,9 @@ class RunRequest:
 
 
 def _policy(text: str, request: RunRequest) -> Policy:
-    if text.startswith("kvpress:"):  # a kvpress press, scored in kvpress's own environment
+    from kvbench.kvpress.catalog import press_of
+
+    if press_of(text) is not None:  # a kvpress press, scored in kvpress's own environment
         from kvbench.kvpress.policy import kvpress_policy
 
         return kvpress_policy(text)

@@ -18,7 +18,7 @@ import torch
 from kvpress_support import kvpress_python, run_press_side
 from safetensors.torch import load_file
 
-from kvbench.core.contract import ModelFacts
+from kvbench.core.contract import ModelFacts, policy_name_problem
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV
 from kvbench.core.schedule import Schedule
@@ -110,9 +110,17 @@ def test_bad_parameters_are_refused_by_name() -> None:
 
 def test_a_recorded_identity_rebuilds_the_press_only_under_its_kvpress_version() -> None:
     kvpress_python()
-    again = kvpress_policy("kvpress:SnapKVPress:window_size=32,kvpress_version=0.5.5")
+    first = kvpress_policy("kvpress:SnapKVPress:window_size=32")
+    first.close()
+    assert first.name == "kvpress-snapkv" and policy_name_problem(first.name) is None
+    params = ",".join(f"{k}={v}" for k, v in first.params().items())
+    again = kvpress_policy(f"{first.name}:{params}")  # its recorded name and parameters
     try:
-        assert again.params() == {"window_size": 32, "kernel_size": 5, "kvpress_version": "0.5.5"}
+        assert (
+            again.params()
+            == first.params()
+            == {"window_size": 32, "kernel_size": 5, "kvpress_version": "0.5.5"}
+        )
     finally:
         again.close()
     with pytest.raises(SpecError, match=r"recorded with kvpress 0\.4\.0, but the kvpress venv has 0\.5\.5"):
