@@ -37,6 +37,7 @@ from kvbench.submissions.bundle import (
     write_bundle,
 )
 from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
+from kvbench.submissions.presses import is_press
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
     by_hash = {sha256_file(path): path for path in given}
     for run in runs:
         name = run.spec.policy.name
-        if name in builtins or name in sources:
+        if name in builtins or name in sources or is_press(run.spec.policy.name, run.manifest):
             continue
         recorded = (run.manifest.get("policy_doc") or {}).get("source_sha256")
         if recorded is None:

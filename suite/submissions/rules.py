@@ -58,6 +58,7 @@ from kvbench.submissions.bundle import (
     sha256_file,
 )
 from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
+from kvbench.submissions.presses import is_press
 
 
 @dataclass
@@ -353,9 +354,13 @@ def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Check
 
 def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
     name = run.spec.policy.name
-    if name in builtin_policies():
+    if name in builtin_policies() or is_press(name, run.manifest):
         if cell["scorer"] is not None:
-            checked.fail(f"runs/{run.run_id}", "scorer", f"ships a scorer for the built-in policy {name!r}")
+            kind = "built-in policy" if name in builtin_policies() else "kvpress press"
+            checked.fail(f"runs/{run.run_id}", "scorer", f"ships a scorer for the {kind} {name!r}")
+        elif name not in builtin_policies() and "kvpress_version" not in run.spec.policy.params:
+            why = f"the kvpress press {name!r} records no kvpress version"
+            checked.fail(f"runs/{run.run_id}", "scorer", why)
         return
     recorded = _mapping(run.manifest.get("policy_doc")).get("source_sha256")
     path = _shipped(folder, cell, "scorer", f"scorers/{name}.py", checked)

@@ -45,6 +45,7 @@ from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell
 from kvbench.specs.resolved import digest
 from kvbench.submissions.contents import StoredRun, copy_samples, load_samples, stored_runs
+from kvbench.submissions.presses import is_press, press_policy
 from kvbench.submissions.rules import Checked
 
 
@@ -94,6 +95,8 @@ def rebuild(
     name, params = spec.policy.name, spec.policy.params
     if name in builtin_policies():
         policy = make_policy(name, **params)
+    elif is_press(name, run.manifest):  # an installed package at the version the run recorded
+        policy = press_policy(name, params)
     else:
         scorer = folder / "scorers" / f"{name}.py"
         if not scorer.is_file() or "class" not in doc:

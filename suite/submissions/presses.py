@@ -1,0 +1,27 @@
+"""kvpress presses as a bundle's entrants: an installed package's code, not a submitter's, so a bundle
+ships no source for them; the run's identity records the press, its parameters and the kvpress version,
+and `kvbench verify` rebuilds the press in this machine's kvpress environment (kvbench.kvpress), which
+must hold that version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.core.contract import Policy
+from kvbench.kvpress.catalog import press_of
+
+
+def is_press(name: str, manifest: dict[str, Any]) -> bool:
+    """Whether a run's policy is a kvpress press: its name is one (``kvpress-knorm``) and its recorded
+    documentation says so."""
+    doc = manifest.get("policy_doc") or {}
+    return press_of(name) is not None and isinstance(doc, dict) and doc.get("origin") == "kvpress"
+
+
+def press_policy(name: str, params: dict[str, Any]) -> Policy:
+    """The press a recorded name and parameters (the kvpress version among them) describe."""
+    from kvbench.kvpress.policy import KvpressPolicy
+
+    press = press_of(name)
+    assert press is not None
+    return KvpressPolicy(press, params)
