@@ -366,12 +366,13 @@ def machine_slug(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from kvbench.bench.gpu_summary import summary
+    from kvbench.store.atomic import atomic_write
 
-    out.mkdir(parents=True, exist_ok=True)
     stem = out / machine_slug(report)
     json_path, text_path = stem.with_suffix(".json"), stem.with_suffix(".md")
-    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    text_path.write_text(summary(report))
+    text = json.dumps(report, indent=2, default=str) + "\n"
+    atomic_write(json_path, lambda temp: temp.write_text(text))
+    atomic_write(text_path, lambda temp: temp.write_text(summary(report)))
     return json_path, text_path
 
 

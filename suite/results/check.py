@@ -38,6 +38,7 @@ import duckdb
 
 from kvbench.errors import SpecError
 from kvbench.provenance import environment_differences, output_environment
+from kvbench.store.atomic import atomic_write
 
 FORMAT_VERSION = 2
 
@@ -196,8 +197,8 @@ def write_reference(path: Path, results: list[CellResult], manifest: dict[str, A
         "manifest": {**manifest, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "cells": [asdict(r) for r in results],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+    text = json.dumps(document, indent=1, sort_keys=False) + "\n"
+    atomic_write(path, lambda temp: temp.write_text(text))
 
 
 def read_reference(path: Path) -> tuple[dict[str, Any], list[CellResult]]:
