@@ -16,10 +16,10 @@ from kvbench.results.stats import bootstrap_mean, pool
 from kvbench.results.summary import QUANTITIES, most_complete, summarize
 from kvbench.specs.metric_kind import pools, task_metric
 from kvbench.specs.task import TaskSpec
-from kvbench.store.board_tables import run_sources
+from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
 _CURVE_RUNS = f"""
-SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '') FROM runs
+SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '{LOCAL_SOURCE}') FROM runs
 LEFT JOIN {{sources}} USING (run_id)
 WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
   AND (ratio IS NOT NULL OR role = 'reference')

@@ -36,6 +36,7 @@ from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import Metric, pools
 from kvbench.specs.resolved import Role
+from kvbench.store.board_tables import LOCAL_SOURCE
 from kvbench.store.ingest import reading
 
 
@@ -150,12 +151,12 @@ def context_or_first(
 
 class ArmKey(NamedTuple):
     """An arm of a table: a policy with its parameters (the stored JSON) and its role, from one source
-    (a submission's sha256 on a board, LOCAL for one's own runs)."""
+    (a submission's sha256 on a board, LOCAL_SOURCE for one's own runs)."""
 
     policy: str
     params: str
     role: str
-    source: str = ""
+    source: str = LOCAL_SOURCE
 
 
 POOLED = "pooled {}"

@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 
 from kvbench.leaderboard.display import MISSING
-from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, board_run_id, scoped
+from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, scoped
 
 LOCAL = "local"
 VERIFIED, NOT_VERIFIED, FAILED, CONFLICT = "verified", "not verified", "failed", "conflict"
@@ -62,16 +62,14 @@ def held_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> pd.Data
 
 
 def conflicts(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """Runs of one identity that two live submissions recorded on one output environment with other
-    outputs (both still count until `kvbench verify` fails one): the cell, both submissions and the
-    outputs each holds."""
+    """Runs of one identity that two submissions recorded on one output environment with other outputs
+    (both still count until `kvbench verify` fails one): the cell, both submissions, and both board run
+    ids (``first_run``, ``second_run``)."""
     if not scoped(con):
-        return pd.DataFrame(columns=["cell", "first", "second", "identity"])
+        return pd.DataFrame(columns=["cell", "first", "second", "first_run", "second_run"])
     found = con.execute(
-        f"""SELECT c.label AS cell, c.first[:12] AS first, c.second[:12] AS second, c.identity
-            FROM ({CONFLICTS}) c
-            WHERE c.first IN (SELECT bundle_sha256 FROM submissions WHERE withdrawn_at IS NULL)
-              AND c.second IN (SELECT bundle_sha256 FROM submissions WHERE withdrawn_at IS NULL)""",
+        f"SELECT label AS cell, first[:12] AS first, second[:12] AS second, first_run, second_run "
+        f"FROM ({CONFLICTS})",
         [None, None],
     )
     return found.df()
@@ -94,11 +92,9 @@ def failed_runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def conflicting_runs(con: duckdb.DuckDBPyConnection) -> set[str]:
-    """The board runs in a conflict (kvbench.leaderboard.submissions.conflicts): both sides."""
+    """The board runs in a conflict (:func:`conflicts`): both sides."""
     found = conflicts(con)
-    return {
-        board_run_id(row.identity, side) for row in found.itertuples() for side in (row.first, row.second)
-    }
+    return {*found["first_run"], *found["second_run"]}
 
 
 @dataclass(frozen=True)
@@ -111,7 +107,7 @@ class Notices:
 
 
 def notices(con: duckdb.DuckDBPyConnection) -> Notices:
-    return Notices(conflicts(con).drop(columns="identity"), failed_runs(con))
+    return Notices(conflicts(con).drop(columns=["first_run", "second_run"]), failed_runs(con))
 
 
 def arm_badge(run_ids: Iterable[str], held: pd.DataFrame, conflicting: Iterable[str] = ()) -> tuple[str, str]:

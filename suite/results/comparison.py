@@ -35,7 +35,7 @@ from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
 from kvbench.specs.metric_kind import Metric, task_metric
 from kvbench.specs.resolved import ResolvedSpec, Role
-from kvbench.store.board_tables import LOCAL, run_sources
+from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 """A run's runtime as one label: arms are compared within one runtime, never across two."""
@@ -69,7 +69,7 @@ class StoredRun(NamedTuple):
     params: str
     role: str
     source: str
-    """The sha256 of the submission that brought the run to a board; LOCAL ("") for one's own runs."""
+    """The sha256 of the submission that brought the run to a board; LOCAL_SOURCE for one's own runs."""
     spec: ResolvedSpec
     """The resolved spec: what pairs a run with its null and its full cache (kvbench.results.pairing)."""
 
@@ -86,7 +86,7 @@ class StoredRun(NamedTuple):
 
 _RUNS = f"""
 SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
-       policy, policy_params, role, coalesce(source, '{LOCAL}'), spec
+       policy, policy_params, role, coalesce(source, '{LOCAL_SOURCE}'), spec
 FROM runs LEFT JOIN {{sources}} USING (run_id)
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
@@ -136,7 +136,7 @@ class ArmResult:
     params: str
     role: str
     source: str
-    """The submission whose runs these are (LOCAL for one's own)."""
+    """The submission whose runs these are (LOCAL_SOURCE for one's own)."""
     runs: dict[str, StoredRun]
     """Task -> the run standing for this arm on it (the one with the most samples), pooled or not."""
     per_task: dict[str, Estimate]

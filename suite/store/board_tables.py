@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS verifications (
 """``submission_runs.run_id`` is the board's run id; ``verifications.run_id`` the run's identity, as the
 bundle and `kvbench verify` name it. ``environment`` is the output environment as sorted JSON text."""
 
-LOCAL = ""
+LOCAL_SOURCE = ""
 """The source of a run no submission holds: one's own runs."""
 
 
@@ -67,7 +67,7 @@ def run_sources(con: duckdb.DuckDBPyConnection) -> str:
 
 CONFLICTS = """
 SELECT a.identity, a.label, a.bundle_sha256 AS first, a.outputs AS first_outputs,
-       b.bundle_sha256 AS second, b.outputs AS second_outputs, a.environment
+       b.bundle_sha256 AS second, b.outputs AS second_outputs, a.run_id AS first_run, b.run_id AS second_run
 FROM submission_runs a JOIN submission_runs b
   ON a.identity = b.identity AND a.environment = b.environment AND a.outputs <> b.outputs
      AND a.bundle_sha256 < b.bundle_sha256
@@ -75,9 +75,10 @@ WHERE a.run_id IN (SELECT run_id FROM runs) AND b.run_id IN (SELECT run_id FROM 
   AND (? IS NULL OR ? IN (a.bundle_sha256, b.bundle_sha256))
 ORDER BY a.identity, first, second
 """
-"""Pairs of counting runs (on the board, neither withdrawn nor failed) of one identity, recorded on the
-same output environment, whose outputs differ: one of them is not what that spec gives there, and
-`kvbench verify` decides which. Bound: a bundle's sha256 to keep the pairs it is in, or NULL twice."""
+"""Pairs of counting runs (on the board: neither withdrawn nor failed, as both take a run off) of one
+identity, recorded on the same output environment, whose outputs differ: one of them is not what that
+spec gives there, and `kvbench verify` decides which. Bound: a bundle's sha256 to keep the pairs it
+is in, or NULL twice."""
 
 NEWEST_VERIFICATIONS = """
 (SELECT bundle_sha256, run_id AS identity, outcome, method, problems, machine, verified_at, detail

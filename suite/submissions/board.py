@@ -145,7 +145,7 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
         conflicts = [
             f"run {identity} ({label}): submission {first[:16]} holds outputs {first_outputs}, "
             f"{second[:16]} holds {second_outputs}, both recorded on one output environment"
-            for identity, label, first, first_outputs, second, second_outputs, _ in con.execute(
+            for identity, label, first, first_outputs, second, second_outputs, *_ in con.execute(
                 CONFLICTS, [sha256, sha256]
             ).fetchall()
         ]
