@@ -35,7 +35,7 @@ import duckdb
 
 from kvbench.errors import KvbenchError
 from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
-from kvbench.provenance import describe_machine, environment_differences, output_environment, provenance
+from kvbench.provenance import environment_differences, output_environment, provenance
 from kvbench.registry import builtin_policies, make_policy
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import cell_family
@@ -203,15 +203,15 @@ def verify(
     chosen = choose_problems(checked, count, seed)
     outcomes: list[Outcome] = []
     notes: dict[str, str] = {}  # run id -> why its scores, not its outputs, are compared
-    here: dict[str, dict[str, Any]] = {}  # device -> this machine's output environment on it
+    here: dict[str, dict[str, Any]] = {}  # device -> this machine's provenance on it, read once
     groups: dict[tuple[str, str, bool], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
         asked = run.spec.ran_on
         label = run.manifest.get("label") or run.run_id
         where = device or asked.device
-        machine = describe_machine(where)
         if where not in here:
-            here[where] = output_environment(provenance(where))
+            here[where] = provenance(where)
+        machine = here[where]["hardware"]
         if not chosen[run.run_id]:
             outcomes.append(
                 Outcome(run.run_id, label, "not verified", "", 0, "no problem to re-run", machine)
@@ -224,7 +224,7 @@ def verify(
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
-        moved = environment_differences(output_environment(run.manifest), here[where])
+        moved = environment_differences(output_environment(run.manifest), output_environment(here[where]))
         exact = cell.spec.ran_on == asked and not moved
         if moved:
             notes[run.run_id] = f"; recorded on another machine ({', '.join(moved)})"
@@ -236,7 +236,7 @@ def verify(
         for members in groups.values():
             cells = [cell for _, cell, _ in members]
             only = {cell.run_id: chosen[run.run_id] for run, cell, _ in members}
-            machine = describe_machine(cells[0].runtime.device)
+            machine = here[cells[0].runtime.device]["hardware"]
             try:
                 run_cells(cells, out, progress=progress, only=only)
             except Exception as exc:  # the adapter, device or model cannot run here: say so per run
