@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 from torch import Tensor
 
 from kvbench.core.contract import NEEDS, EvictionView, LayerState, Policy, StepView
@@ -246,19 +245,29 @@ class _CpuWatch:
 
 
 def _tree_cpu_seconds(root: int) -> float:
-    """CPU seconds (user and system) of process ``root`` and every process below it, those each has
-    reaped included: bubblewrap's init reaps what its children leave, so no process of the tree escapes."""
-    try:
-        top = psutil.Process(root)
-        tree = [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:  # it ended
-        return 0.0
-    total = 0.0
-    for process in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
+    """CPU seconds (user and system) of process ``root`` and every process below it, those it has reaped
+    included: bubblewrap's init reaps what its children leave, so no process of the tree escapes."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:  # it ended
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    total = 0
+    for pid, count in ticks.items():
+        up = pid
+        while up > 1 and up != root:
+            up = parents.get(up, 0)
+        if up == root:
+            total += count
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes) -> None:
