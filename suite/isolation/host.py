@@ -246,7 +246,8 @@ class _CpuWatch:
 
 def _tree_cpu_seconds(root: int) -> float:
     """CPU seconds (user and system) of process ``root`` and every process below it, those it has reaped
-    included: bubblewrap's init reaps what its children leave, so no process of the tree escapes."""
+    included: bubblewrap's init reaps what its children leave, so no process of the tree escapes. Read from
+    /proc, not psutil: the GPU check imports this module on a GPU node that has no psutil."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.scandir("/proc"):
