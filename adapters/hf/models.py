@@ -144,7 +144,15 @@ def model_facts(name: str, model: Any) -> ModelFacts:
         num_kv_heads=config.num_key_value_heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         rope_inv_freq=rotary.inv_freq.detach().float().cpu(),
+        output_projections=_output_projections(model),
     )
+
+
+def _output_projections(model: Any) -> tuple[Any, ...] | None:
+    """Each layer's ``o_proj.weight`` (the model's own tensors), or None where a layer has none."""
+    layers = model.model.layers
+    weights = [getattr(getattr(layer.self_attn, "o_proj", None), "weight", None) for layer in layers]
+    return None if any(w is None for w in weights) else tuple(w.detach() for w in weights)
 
 
 def model_config(spec: ModelSpec) -> Any:

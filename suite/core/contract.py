@@ -18,13 +18,15 @@ import pydantic
 import torch
 from torch import Tensor
 
-Need = Literal["queries", "step_attention", "rope", "calibration"]
+Need = Literal["queries", "step_attention", "rope", "calibration", "output_projection"]
 """What a policy may ask the backend for.
 
 - ``queries``: the last W post-RoPE queries of the layer, ``view.queries`` [B, Hq, W, D].
 - ``step_attention``: ``observe(step)`` with the new queries' attention probabilities over the cache.
 - ``rope``: the model's RoPE frequencies (``view.model.rope_inv_freq``) to un-rotate keys.
 - ``calibration``: per-model statistics made by ``kvbench calibrate``.
+- ``output_projection``: the layer's attention output weights W_O, ``view.output_projection``
+  [hidden, Hq·D] (``o_proj.weight``), for scores that weigh a value by what it adds to the output.
 """
 NEEDS: tuple[Need, ...] = get_args(Need)
 
@@ -55,6 +57,9 @@ class ModelFacts:
     head_dim: int
     rope_inv_freq: Tensor
     """[D/2] angular frequency ω_f of each RoPE band, rotate-half layout (pairs f and f + D/2)."""
+    output_projections: tuple[Tensor, ...] | None = None
+    """Per layer, the attention output weights W_O [hidden, Hq·D] (the model's own tensors, not copies),
+    where the backend can give them; a view carries its layer's only to a policy that needs them."""
 
     @property
     def group(self) -> int:
@@ -177,6 +182,8 @@ class EvictionView:
     """The queries the engine recorded: None unless the policy needs ``queries``. Read ``queries``."""
     calibration: Any = None
     """Per-model statistics, when the policy needs ``calibration``."""
+    output_projection: Tensor | None = None
+    """[hidden, Hq·D] this layer's W_O (``o_proj.weight``), when the policy needs ``output_projection``."""
 
     @property
     def queries(self) -> Tensor:

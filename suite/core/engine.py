@@ -111,6 +111,11 @@ class Evictor:
             raise CapabilityError(
                 f"policy {policy.name!r} needs RoPE frequencies, which model {model.name!r} lacks"
             )
+        if "output_projection" in policy.needs and model.output_projections is None:
+            raise CapabilityError(
+                f"policy {policy.name!r} needs the layers' output projection weights, which the backend "
+                f"did not give for model {model.name!r}"
+            )
         self.policy = policy
         self.schedule = schedule
         self.model = model
@@ -205,6 +210,7 @@ class Evictor:
             rngs=tuple(generator(eviction_seed(s, layer, event), kv.keys.device) for s in self.row_seeds),
             recent_queries=queries,
             calibration=self.calibration,
+            output_projection=self._output_projection(layer),
         )
         where = f"policy {self.policy.name!r} at layer {layer}, eviction event {event}"
         given = [view.keys, view.values, view.positions, view.protected]
@@ -216,6 +222,11 @@ class Evictor:
         highest = torch.finfo(scores.dtype).max
         ranked = scores.nan_to_num(posinf=highest, neginf=float("-inf"))
         return ranked.masked_fill(protected, float("inf"))
+
+    def _output_projection(self, layer: int) -> Tensor | None:
+        if "output_projection" not in self.policy.needs or self.model.output_projections is None:
+            return None
+        return self.model.output_projections[layer]
 
     def _check(self, scores: object, view: EvictionView, where: str) -> None:
         expected = tuple(view.positions.shape)

@@ -7,7 +7,7 @@ its own layer state and the seeds of its per-row generators. It returns scores a
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -20,8 +20,12 @@ from kvbench.isolation.wire import Frame as Message
 EVENT_SCALARS = ("layer", "event", "step", "prompt_len", "budget", "keep")  # an EvictionView's integers
 
 
+_TENSOR_FACTS = ("rope_inv_freq", "output_projections")  # sent as tensors (RoPE) or with the view (W_O)
+
+
 def _model(model: ModelFacts) -> Message:
-    facts = {k: v for k, v in asdict(model).items() if k != "rope_inv_freq"}
+    # the fields one by one: asdict would deep-copy every layer's output weights at every request
+    facts = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in _TENSOR_FACTS}
     has_rope = model.rope_inv_freq is not None
     return {"model": facts, "rope": has_rope}, (
         {"model.rope_inv_freq": model.rope_inv_freq} if has_rope else {}
@@ -53,6 +57,8 @@ def eviction_request(view: EvictionView) -> Message:
     tensors |= {"positions": view.positions, "protected": view.protected}
     if view.recent_queries is not None:
         tensors["queries"] = view.recent_queries
+    if view.output_projection is not None:
+        tensors["output_projection"] = view.output_projection
     if isinstance(view.calibration, QueryStats):
         stats = view.calibration
         head["calibration"] = {"model": stats.model, "corpus": stats.corpus, "tokens": stats.tokens}
@@ -77,6 +83,7 @@ def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> Evictio
         rngs=tuple(torch.Generator().manual_seed(int(seed)) for seed in header["seeds"]),
         recent_queries=tensors.get("queries"),
         calibration=calibration,
+        output_projection=tensors.get("output_projection"),
     )
 
 

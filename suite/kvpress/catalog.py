@@ -9,7 +9,12 @@ holds at an event (kvbench.core.contract.EvictionView). A *feed* says how:
   of a stand-in layer whose ``q_proj`` is the identity, with the matching ``position_embeddings`` and
   ``rotary_emb`` (kvbench.kvpress.feed);
 - ``prerope_keys``: the candidates' own keys rotated back to pre-RoPE, as ``hidden_states`` of a stand-in
-  layer whose ``k_proj`` is the identity.
+  layer whose ``k_proj`` is the identity;
+- ``wrapped``: a press that wraps another (``press=SnapKVPress``, its parameters as ``press.window_size=32``)
+  is fed as the press it wraps.
+
+A press that also reads the layer's output projection (``module.o_proj.weight``) declares the engine's
+``output_projection`` need: the HF backend gives the model's own W_O, vLLM cannot.
 
 Every other press is listed with the reason it cannot run, so that ``kvbench list policies`` says it.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Feed = Literal["cache", "window", "prerope_keys"]
+Feed = Literal["cache", "window", "prerope_keys", "wrapped"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,8 @@ class Support:
     window: str | None = None
     """For the ``window`` feed: the press parameter that sets W (None: one query), and W = param + extra."""
     extra: int = 0
+    output_projection: bool = False
+    """The press reads ``module.o_proj.weight``."""
 
 
 SUPPORTED: dict[str, Support] = {
@@ -44,7 +51,12 @@ SUPPORTED: dict[str, Support] = {
     # the query statistics skip n_sink hidden states: W = n_sink + 64 recent queries
     "ExpectedAttentionPress": Support("window", window="n_sink", extra=64),
     "CapPress": Support("window", window="n_sink", extra=64),
+    # rescales the wrapped press's scores by the L1 norm of W_O applied to each value
+    "CriticalKVPress": Support("wrapped", output_projection=True),
 }
+
+WRAPPED = "press"
+"""A wrapping press's parameter naming the press it wraps; ``press.NAME=VALUE`` sets that press's own."""
 
 PREFILL_ONLY = (
     "scores every cached token by its own query (it asserts as many hidden states as keys: prefill "
@@ -56,10 +68,6 @@ UNSUPPORTED: dict[str, str] = {
     "ObservedAttentionPress": (
         "needs the full eager attention matrix of a prefill over every cached token; the engine records "
         "no attention of tokens decoded before the event"
-    ),
-    "CriticalKVPress": (
-        "wraps another press and needs the layer's output projection weights (o_proj), which no "
-        "eviction view carries; a press object is not a --policy parameter"
     ),
     "QFilterPress": (
         "needs trained Q-filters downloaded from the Hugging Face hub for the model (nvidia/QFilter-*); "
@@ -93,8 +101,21 @@ def reason(name: str) -> str | None:
     return UNSUPPORTED.get(name, "not reviewed for kvbench yet (a press newer than kvpress 0.5.5)")
 
 
+def fed(name: str) -> str:
+    """How a supported press is fed, as ``kvbench list policies`` says it."""
+    support = SUPPORTED[name]
+    text = f"as the press it wraps, {WRAPPED}=NAME" if support.feed == "wrapped" else support.feed
+    return text + (" and the layer's W_O (hf adapter only)" if support.output_projection else "")
+
+
+def wrappable() -> list[str]:
+    """The presses a wrapping press may wrap: every supported press that wraps none itself."""
+    return [name for name, support in SUPPORTED.items() if support.feed != "wrapped"]
+
+
 def query_window(name: str, params: dict[str, object], defaults: dict[str, object]) -> int:
-    """How many recent queries a ``window`` press reads (0 for the other feeds)."""
+    """How many recent queries a ``window`` press reads (0 for the other feeds); a wrapping press is asked
+    with the press it wraps."""
     support = SUPPORTED[name]
     if support.feed != "window":
         return 0

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kvbench.isolation import messages, serving, wire
-from kvbench.kvpress.catalog import ENGINE_SETS, SUPPORTED, query_window
+from kvbench.kvpress.catalog import ENGINE_SETS, SUPPORTED, WRAPPED, Feed, query_window, wrappable
 from kvbench.kvpress.feed import score_arguments
 
 
@@ -36,14 +36,21 @@ def scorer_presses() -> dict[str, type]:
 
 
 def _fields(cls: type) -> dict[str, Any]:
-    """A dataclass press's init parameters and their defaults (JSON-able ones only)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_"):
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        out[f.name] = default if isinstance(default, (bool, int, float, str, type(None))) else repr(default)
-    return out
+    """A press's init parameters and their defaults (JSON-able ones only): a dataclass press's fields, or
+    the signature of a press that writes its own ``__init__`` (CriticalKVPress)."""
+    if "__dataclass_fields__" in vars(cls):
+        found = [
+            (f.name, f.default if f.default is not dataclasses.MISSING else None)
+            for f in dataclasses.fields(cls)
+            if f.init
+        ]
+    else:
+        found = [
+            (p.name, None if p.default is inspect.Parameter.empty else p.default)
+            for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+        ]
+    json_able = (bool, int, float, str, type(None))
+    return {k: v if isinstance(v, json_able) else repr(v) for k, v in found if not k.startswith("_")}
 
 
 def _typed(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
@@ -77,28 +84,53 @@ def _typed(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     return typed
 
 
+def _built(cls: type, raw: dict[str, Any]) -> tuple[Any, dict[str, Any], Feed, int]:
+    """A press from its raw parameters: the press, its resolved parameters, its feed and query window."""
+    support = SUPPORTED[cls.__name__]
+    if support.feed == "wrapped":
+        return _wrapping(cls, raw)
+    params = _typed(cls, raw)
+    resolved = {k: v for k, v in _fields(cls).items() if k not in ENGINE_SETS} | params
+    return cls(**params), resolved, support.feed, query_window(cls.__name__, params, _fields(cls))
+
+
+def _wrapping(cls: type, raw: dict[str, Any]) -> tuple[Any, dict[str, Any], Feed, int]:
+    """A press that wraps another (``press=NAME``, the wrapped one's parameters as ``press.KEY=VALUE``),
+    fed as the press it wraps."""
+    name, prefix = raw.get(WRAPPED), f"{WRAPPED}."
+    if name not in wrappable():
+        raise ValueError(
+            f"{cls.__name__} wraps another press: give {WRAPPED}=NAME, and that press's parameters as "
+            f"{prefix}KEY=VALUE; NAME is one of {', '.join(wrappable())} (got {name!r})"
+        )
+    inner_raw = {k.removeprefix(prefix): v for k, v in raw.items() if k.startswith(prefix)}
+    inner, inner_resolved, feed, window = _built(scorer_presses()[name], inner_raw)
+    params = _typed(cls, {k: v for k, v in raw.items() if k != WRAPPED and not k.startswith(prefix)})
+    own = {k: v for k, v in _fields(cls).items() if k != WRAPPED and k not in ENGINE_SETS} | params
+    resolved = {WRAPPED: name, **{prefix + k: v for k, v in inner_resolved.items()}, **own}
+    return cls(inner, **params), resolved, feed, window
+
+
 def _hello(press_name: str, raw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     presses = scorer_presses()
     if press_name not in presses:
         raise ValueError(f"kvpress {version('kvpress')} has no ScorerPress {press_name!r}")
     cls = presses[press_name]
-    params = _typed(cls, raw)
-    press = cls(**params)
-    resolved = {k: v for k, v in _fields(cls).items() if k not in ENGINE_SETS} | params
+    press, resolved, feed, window = _built(cls, raw)
     return press, {
         "ok": True,
         "press": press_name,
         "params": resolved,
         "kvpress_version": version("kvpress"),
         "transformers_version": version("transformers"),
-        "feed": SUPPORTED[press_name].feed,
-        "query_window": query_window(press_name, params, _fields(cls)),
+        "feed": feed,
+        "query_window": window,
         "module": cls.__module__,
         "summary": inspect.getdoc(cls) or "",
     }
 
 
-def score(press: Any, header: dict[str, Any], tensors: dict[str, Any]) -> torch.Tensor:
+def score(press: Any, feed: Feed, header: dict[str, Any], tensors: dict[str, Any]) -> torch.Tensor:
     """The press's scores at one event. Presses that draw from torch's global generator (RandomPress
     without a seed, CURPress's and LeverageScorePress's sketches) draw from the first row's event seed,
     so that a rerun is identical."""
@@ -110,7 +142,7 @@ def score(press: Any, header: dict[str, Any], tensors: dict[str, Any]) -> torch.
     ratio = DecodingPress._find_target_compression_ratio(None, view.num_candidates, view.keep)
     press.compression_ratio = ratio
     torch.manual_seed(int(header["seeds"][0]))
-    arguments = score_arguments(view, SUPPORTED[type(press).__name__].feed)
+    arguments = score_arguments(view, feed)
     with torch.no_grad():
         scores = press.score(**arguments)
     return scores.float()
@@ -118,14 +150,23 @@ def score(press: Any, header: dict[str, Any], tensors: dict[str, Any]) -> torch.
 
 def serve(press_name: str) -> None:
     press: Any = None
+    feed: Feed = "cache"
+    # the parent sends a layer's W_O with its first event only (kvbench.kvpress.policy): kept here
+    output_projections: dict[tuple[str, int], torch.Tensor] = {}
 
     def hello(header: dict[str, Any]) -> dict[str, Any]:
-        nonlocal press
+        nonlocal press, feed
         press, greeting = _hello(press_name, header.get("params", {}))
+        feed = greeting["feed"]
         return greeting
 
     def answer(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> wire.Frame:
-        return {"ok": True}, {"scores": score(press, header, tensors)}
+        layer = (str(header["model"]["name"]), int(header["layer"]))
+        if "output_projection" in tensors:
+            output_projections[layer] = tensors["output_projection"]
+        elif layer in output_projections:
+            tensors = {**tensors, "output_projection": output_projections[layer]}
+        return {"ok": True}, {"scores": score(press, feed, header, tensors)}
 
     serving.serve(hello, answer)
 

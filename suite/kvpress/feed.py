@@ -1,10 +1,12 @@
 """A press's ``score`` arguments built from an eviction view (runs in the kvpress child's process).
 
 kvpress presses read the layer through a few attributes: ``module.config`` (head counts), ``head_dim``,
-``layer_idx``, ``q_proj``/``k_proj`` applied to ``hidden_states`` and ``rotary_emb``. The stand-in layer
-here has identity projections, so that the hidden states it is given *are* the pre-RoPE queries (or keys)
-the real layer would have produced; the engine records queries post-RoPE and caches keys post-RoPE, and
-rotating them back by their positions is exact for plain RoPE (kvbench.core.rope). It is not one of
+``layer_idx``, ``q_proj``/``k_proj`` applied to ``hidden_states``, ``rotary_emb`` and, for CriticalKV,
+``o_proj.weight`` (the layer's real W_O, which the engine gives a policy that needs
+``output_projection``). The stand-in layer here has identity projections, so that the hidden states it is
+given *are* the pre-RoPE queries (or keys) the real layer would have produced; the engine records queries
+post-RoPE and caches keys post-RoPE, and rotating them back by their positions is exact for plain RoPE
+(kvbench.core.rope). It is not one of
 transformers' Qwen3/Gemma3/Phi3 attention classes, so kvpress applies no q/k norm again: the recorded
 queries and cached keys have had it already.
 """
@@ -56,6 +58,11 @@ class StandInLayer(nn.Module):
         self.q_proj = nn.Identity()
         self.k_proj = nn.Identity()
         self.rotary_emb = _Rotary(model.rope_inv_freq)
+        if view.output_projection is not None:  # the layer's real W_O, for presses that weigh values by it
+            weight = view.output_projection.float()
+            self.o_proj = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            self.o_proj.weight = nn.Parameter(weight, requires_grad=False)
+            self.config.hidden_size = weight.shape[0]
 
 
 def _flat(heads_first: Tensor) -> Tensor:

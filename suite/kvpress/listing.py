@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvbench.errors import SpecError
-from kvbench.kvpress.catalog import SUPPORTED, reason
+from kvbench.kvpress.catalog import fed, reason
 from kvbench.kvpress.environment import installed_presses, interpreter
 
 
@@ -21,6 +21,6 @@ def kvpress_lines() -> list[tuple[str, str]]:
     lines = []
     for name in found:
         why = reason(name)
-        status = f"supported (fed: {SUPPORTED[name].feed})" if why is None else f"not supported: {why}"
+        status = f"supported (fed: {fed(name)})" if why is None else f"not supported: {why}"
         lines.append((f"kvpress:{name}", f"kvpress {version} press, {status}"))
     return lines

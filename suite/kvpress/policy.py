@@ -98,10 +98,11 @@ class KvpressPolicy(Policy):
                 f"{hello['kvpress_version']}; rebuild it: "
                 f"`make kvpress-venv KVPRESS_PACKAGE=kvpress=={recorded}`"
             )
-        feed = SUPPORTED[press].feed
+        feed = hello["feed"]  # a wrapping press is fed as the press it wraps
+        reads_output = frozenset({"output_projection"}) if SUPPORTED[press].output_projection else frozenset()
         vars(self).update(
             name=policy_name(press),
-            needs=NEEDS[feed],
+            needs=NEEDS[feed] | reads_output,
             description=f"kvpress {hello['kvpress_version']} {press}",
         )
         self.hello = hello
@@ -119,6 +120,7 @@ class KvpressPolicy(Policy):
 
     def _start(self) -> dict[str, Any]:
         self.child = _Child(self.press)
+        self.sent_output_projections: set[tuple[str, int]] = set()
         try:
             hello, _ = self.child.call({"op": "hello", "params": self.raw}, {}, f"{PREFIX}{self.press}")
         except ScorerError as exc:
@@ -140,7 +142,13 @@ class KvpressPolicy(Policy):
             self._start()
         assert self.child is not None
         where = f"policy {self.name!r} at layer {view.layer}, eviction event {view.event}"
-        _, tensors = self.child.call(*messages.eviction_request(view), where)
+        header, tensors = messages.eviction_request(view)
+        if view.output_projection is not None:  # W_O crosses once per layer; the child keeps it
+            layer = (view.model.name, view.layer)
+            if layer in self.sent_output_projections:
+                del tensors["output_projection"]
+            self.sent_output_projections.add(layer)
+        _, tensors = self.child.call(header, tensors, where)
         if "scores" not in tensors:
             raise ScorerError(f"{where}: the kvpress process returned no scores")
         return tensors["scores"].to(view.keys.device)

@@ -5,7 +5,8 @@ seeded tokens; at layer 1 the hook takes what the attention layer saw (the real 
 states, its position embeddings) and the cache's keys and values. For each press given, kvpress's own
 ``compress()`` keeps n tokens; the kept positions are found by matching the kept keys against the
 cache's. The tensors kvbench's engine will see at the same event are written beside them: the cached keys
-and values and the post-RoPE queries of the last W tokens, as kvbench's attention function records them.
+and values, the post-RoPE queries of the last W tokens, as kvbench's attention function records them, and
+the layer's output projection weights.
 
     python press_side.py OUT.safetensors OUT.json T KEEP SEED PRESS[:k=v,...] ...
 """
@@ -21,8 +22,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-from kvbench.kvpress.catalog import SUPPORTED, query_window
-from kvbench.kvpress.child import _fields, _typed, scorer_presses
+from kvbench.kvpress.child import _built, scorer_presses
 
 LAYER = 1
 
@@ -62,12 +62,9 @@ def main(out_tensors: str, out_json: str, tokens: int, keep: int, seed: int, pre
     for text in presses:
         name, _, rest = text.partition(":")
         raw = dict(item.split("=", 1) for item in rest.split(",") if item)
-        cls = found[name]
-        params = _typed(cls, raw)
-        press = cls(**params)
-        window = query_window(name, params, _fields(cls))
+        press, _, feed, window = _built(found[name], raw)
         windows[text] = window
-        if SUPPORTED[name].feed == "window":  # the recent hidden states only, as at a decode-time event
+        if feed == "window":  # the recent hidden states only, as at a decode-time event
             given, pe = hidden[:, -window:], (cos[:, -window:], sin[:, -window:])
         else:
             given, pe = hidden, (cos, sin)
@@ -82,7 +79,7 @@ def main(out_tensors: str, out_json: str, tokens: int, keep: int, seed: int, pre
     inv_freq = model.model.rotary_emb.inv_freq
     save_file(
         {"keys": keys.contiguous(), "values": values.contiguous(), "queries": query.contiguous(),
-         "inv_freq": inv_freq.contiguous()},
+         "inv_freq": inv_freq.contiguous(), "output_projection": module.o_proj.weight.contiguous()},
         out_tensors,
     )  # fmt: skip
     with open(out_json, "w") as f:

@@ -38,7 +38,7 @@ def test_every_press_of_the_kvpress_venv_is_listed_with_its_status() -> None:
     }
     assert set(exported) <= set(lines)
     supported = sorted(name for name, what in lines.items() if what.endswith(")") and ", supported" in what)
-    assert len(supported) >= 11
+    assert len(supported) >= 12 and "CriticalKVPress" in supported
     assert "KnormPress" in supported and "SnapKVPress" in supported
     assert "not supported: needs trained Q-filters" in lines["QFilterPress"]
     assert "not supported: needs a trained KVzap model" in lines["KVzapPress"]

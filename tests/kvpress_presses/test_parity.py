@@ -41,6 +41,8 @@ PRESSES = [
     "TOVAPress",
     "ExpectedAttentionPress",
     "CapPress",
+    "CriticalKVPress:press=KnormPress",
+    "CriticalKVPress:press=SnapKVPress,press.window_size=16,first_stage_ratio=0.25",
 ]
 
 
@@ -58,7 +60,8 @@ def kvbench_kept(text: str, event: dict[str, torch.Tensor], layer: int) -> list[
     """The positions kvbench's engine keeps at layer ``layer``'s first event, the press scoring."""
     keys, values, queries = event["keys"], event["values"], event["queries"]
     batch, heads, tokens, dim = keys.shape
-    model = ModelFacts("tiny-qwen3", 2, queries.shape[1], heads, dim, event["inv_freq"])
+    projections = (event["output_projection"],) * 2
+    model = ModelFacts("tiny-qwen3", 2, queries.shape[1], heads, dim, event["inv_freq"], projections)
     policy = kvpress_policy(f"kvpress:{text}")
     try:
         # one buffer slot after the T candidates (never a candidate); the event happens at step T
@@ -80,7 +83,7 @@ def kvbench_kept(text: str, event: dict[str, torch.Tensor], layer: int) -> list[
 
 def test_the_supported_list_is_what_the_parity_test_covers() -> None:
     assert {text.split(":")[0] for text in PRESSES} == set(SUPPORTED)
-    assert len(SUPPORTED) >= 11
+    assert len(SUPPORTED) >= 12
 
 
 @pytest.mark.slow
