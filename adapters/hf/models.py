@@ -151,7 +151,9 @@ def model_facts(name: str, model: Any) -> ModelFacts:
 def _output_projections(model: Any) -> tuple[Any, ...] | None:
     """Each layer's ``o_proj.weight`` (the model's own tensors), or None where a layer has none."""
     layers = model.model.layers
-    weights = [getattr(getattr(layer.self_attn, "o_proj", None), "weight", None) for layer in layers]
+    weights: list[Any] = [
+        getattr(getattr(layer.self_attn, "o_proj", None), "weight", None) for layer in layers
+    ]
     return None if any(w is None for w in weights) else tuple(w.detach() for w in weights)
 
 

@@ -47,7 +47,7 @@ def _fields(cls: type) -> dict[str, Any]:
     else:
         found = [
             (p.name, None if p.default is inspect.Parameter.empty else p.default)
-            for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+            for p in inspect.signature(cls).parameters.values()
         ]
     json_able = (bool, int, float, str, type(None))
     return {k: v if isinstance(v, json_able) else repr(v) for k, v in found if not k.startswith("_")}
