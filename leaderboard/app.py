@@ -133,6 +133,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
         curves.budget_curves,
         curves.curve_groups,
         queries.efficiency,
+        queries.eviction_cost,
         queries.policy_runs,
         queries.problems,
         queries.provenance,
@@ -521,6 +522,15 @@ def _curves_view(query, chosen: Selection) -> None:
 
 
 def _efficiency_view(query, model: str, table: queries.Table, public: bool) -> None:
+    cost = query("eviction_cost", table.run_ids)
+    if not cost.empty:
+        st.subheader("Eviction cost in these runs")
+        _table(cost)
+        st.caption(
+            "Milliseconds per eviction event of one sample (its share of its batch's event), from the runs "
+            "in this table, and that over the null's: what choosing what to evict costs beside random. "
+            "`kvbench bench evict` times one event per policy side by side at the papers' shapes."
+        )
     rows = query("efficiency", model, table.frame)
     if rows.empty:
         st.info(

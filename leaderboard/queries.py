@@ -487,6 +487,23 @@ def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame
     return bench.merge(scores[["policy", "average"]].drop_duplicates("policy"), on="policy", how="left")
 
 
+def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
+    """Per policy of the table's runs, what its eviction events cost in those runs: milliseconds per event
+    of one sample (each sample's share of its batch's event time, over its events) and that over the
+    null's, from the samples the runs recorded (no benchmark needed)."""
+    with connect(database) as con:
+        cost = con.execute(
+            "SELECT r.policy, r.role, sum(s.evictions) AS events, "
+            "1000 * sum(s.eviction_seconds) / nullif(sum(s.evictions), 0) AS ms_per_event "
+            "FROM samples s JOIN runs r USING (run_id) WHERE list_contains(?, run_id) "
+            "GROUP BY r.policy, r.role HAVING sum(s.evictions) > 0 ORDER BY ms_per_event",
+            [run_ids],
+        ).df()
+    null = cost.loc[cost["role"] == Role.NULL, "ms_per_event"]
+    cost["× null"] = cost["ms_per_event"] / null.iloc[0] if len(null) == 1 else float("nan")
+    return cost.drop(columns=["role"])
+
+
 def policy_runs(database: Path, policy: str) -> pd.DataFrame:
     """Every stored run of one policy, with its score: the policy page's per-task results."""
     with connect(database) as con:

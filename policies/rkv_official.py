@@ -20,21 +20,28 @@ import torch
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy, policy
-from kvbench.policies.scoring import key_similarity_rows, window_attention
+from kvbench.policies.scoring import CHUNK_BYTES, key_similarity_rows, window_attention
 
 
 def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
-    """R-KV's redundancy [B, Hkv, n] (see the module docstring), computed in row chunks."""
-    n = keys.shape[2]
-    column_sums = torch.zeros(keys.shape[:3], dtype=torch.float32, device=keys.device)
+    """R-KV's redundancy [B, Hkv, n] (see the module docstring), in chunks of rows of a few KV heads at a
+    time, so that no similarity block outgrows CHUNK_BYTES."""
+    batch, heads, n, dim = keys.shape
+    flat = keys.reshape(batch * heads, 1, n, dim)
+    column_sums = torch.zeros(batch * heads, n, dtype=torch.float32, device=keys.device)
     one_based = torch.arange(1, n + 1, device=keys.device, dtype=torch.int16 if n < 2**15 else torch.int32)
-    for start, cos in key_similarity_rows(keys, chunk=256):  # [B, Hkv, c, n]
-        rows = torch.arange(cos.shape[2], device=keys.device)
-        cos[:, :, rows, rows + start] = 0.0
-        newest_similar = ((cos > threshold) * one_based).amax(dim=-1, keepdim=True)  # 0: none
-        cos.scatter_(-1, (newest_similar.long() - 1).clamp(min=0), 0.0)
-        column_sums += cos.sum(dim=2)
-    return (column_sums / n).softmax(dim=-1)
+    group = max(1, CHUNK_BYTES // (4 * ROWS * max(n, 1)))
+    for first in range(0, batch * heads, group):
+        for start, cos in key_similarity_rows(flat[first : first + group], chunk=ROWS):  # [g, 1, c, n]
+            rows = torch.arange(cos.shape[2], device=keys.device)
+            cos[:, :, rows, rows + start] = 0.0
+            newest_similar = ((cos > threshold) * one_based).amax(dim=-1, keepdim=True)  # 0: none
+            cos.scatter_(-1, (newest_similar.long() - 1).clamp(min=0), 0.0)
+            column_sums[first : first + group] += cos.sum(dim=2)[:, 0]
+    return (column_sums.view(batch, heads, n) / n).softmax(dim=-1)
+
+
+ROWS = 256  # similarity rows per block: the column sums add up in blocks of this many rows
 
 
 @policy("rkv-official", needs={"queries"})

@@ -35,6 +35,13 @@ def pool_slots(scores: Tensor, pool: Pool) -> Tensor:
     return flat.reshape(shape)
 
 
+CHUNK_BYTES = 4 << 20
+"""The most one chunk of an n-wide intermediate (logits, similarities) holds: a few MiB, which stay in the
+CPU's caches. A whole batch's [B, Hkv, G, W, n] logits are hundreds of MiB at B = 16 and K = 2048, which
+the allocator maps anew at each event and the kernel zeroes page by page before the softmax reads them
+again from memory; row by row the values are the same (each row is its own matrix product)."""
+
+
 def window_attention(
     queries: Tensor, keys: Tensor, pool: Pool = "avg5", group: GroupReduce = "mean"
 ) -> Tensor:
@@ -43,16 +50,24 @@ def window_attention(
     queries [B, Hq, W, D], keys [B, Hkv, n, D]. Softmax over the candidates only, in fp32.
     ``group="mean"``: softmax per query head, mean over W, pool, mean over the GQA group.
     ``group="max"``: max of the logits over the group, then softmax, mean over W, pool.
+    Computed a few (batch row, KV head) pairs at a time (CHUNK_BYTES).
     """
     batch, q_heads, window, dim = queries.shape
-    kv_heads = keys.shape[1]
-    q = queries.float().view(batch, kv_heads, q_heads // kv_heads, window, dim)  # [B, Hkv, G, W, D]
-    logits = torch.einsum("bhgwd,bhnd->bhgwn", q, keys.float()) / math.sqrt(dim)  # [B, Hkv, G, W, n]
-    if group == "max":
-        probs = logits.amax(dim=2).softmax(dim=-1).mean(dim=2)  # [B, Hkv, n]
-        return pool_slots(probs, pool)
-    probs = logits.softmax(dim=-1).mean(dim=3)  # [B, Hkv, G, n]
-    return pool_slots(probs, pool).mean(dim=2)
+    kv_heads, n = keys.shape[1], keys.shape[2]
+    group_size = q_heads // kv_heads
+    q = queries.float().reshape(batch * kv_heads, group_size, window, dim)  # [B·Hkv, G, W, D]
+    k = keys.float().reshape(batch * kv_heads, n, dim)
+    probs = q.new_empty(batch * kv_heads, 1 if group == "max" else group_size, n)
+    step = max(1, CHUNK_BYTES // (4 * group_size * window * max(n, 1)))
+    for start in range(0, batch * kv_heads, step):
+        part = slice(start, start + step)
+        logits = torch.einsum("cgwd,cnd->cgwn", q[part], k[part]).div_(math.sqrt(dim))  # [c, G, W, n]
+        if group == "max":
+            probs[part, 0] = logits.amax(dim=1).softmax(dim=-1).mean(dim=1)
+        else:
+            probs[part] = logits.softmax(dim=-1).mean(dim=2)
+    pooled = pool_slots(probs.view(batch, kv_heads, -1, n), pool)
+    return pooled[:, :, 0] if group == "max" else pooled.mean(dim=2)
 
 
 def value_range(values: Tensor) -> Tensor:

@@ -112,6 +112,10 @@ def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
     assert rows["random"]["ratio_to_random"] == 1.0
     assert all(r["ms_per_event"] > 0 for r in rows.values())
     assert report["machine"]["cpu_count"] >= 1 and "× random" in result.stdout
+    floor = {line.split("│")[1].strip(): line.split("│")[6].strip() for line in result.stdout.splitlines()
+             if line.count("│") > 7 and line.split("│")[1].strip() in rows}  # fmt: skip
+    for name, row in rows.items():  # each event over the copy floor, as printed
+        assert floor[name] == f"{row['ms_per_event'] / row['copy_floor_ms']:.2f}"
     assert all(r["telemetry_ratio"] is None for r in rows.values())  # timed with it off only when asked
 
 

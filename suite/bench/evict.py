@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.utils.benchmark import Timer
+from torch import Tensor
 
 from kvbench.core.calibration import QueryStats
 from kvbench.core.contract import ModelFacts, Policy
 from kvbench.core.engine import Evictor
 from kvbench.core.layer_kv import LayerKV
+from kvbench.core.mixed_kv import Slots
 from kvbench.core.rope import apply_rope, rope_inv_freq
 from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy
@@ -49,34 +50,80 @@ class EvictTiming:
 def _layer(
     batch: int, model: ModelFacts, slots: int, dtype: torch.dtype, gen: torch.Generator, device: torch.device
 ) -> LayerKV:
+    """A cache of ``slots`` slots that owns its buffers (with room for ``slots``), as a run's cache does."""
     shape = (batch, model.num_kv_heads, slots, model.head_dim)
     inv_freq = model.rope_inv_freq.to(device) if model.rope_inv_freq is not None else None
-    positions = torch.arange(slots, device=device).expand(batch, model.num_kv_heads, slots).contiguous()
+    positions = torch.arange(slots, device=device).expand(batch, model.num_kv_heads, slots)
     keys = apply_rope(torch.randn(shape, generator=gen, device=device), positions, inv_freq).to(dtype)
-    layer = LayerKV(keys, torch.randn(shape, generator=gen, device=device).to(dtype), positions)
+    values = torch.randn(shape, generator=gen, device=device).to(dtype)
+    layer = LayerKV.empty(
+        batch, model.num_kv_heads, model.head_dim, dtype=dtype, device=device, capacity=slots
+    )
+    layer.append(keys, values, positions)
     # H2O's accumulator, as if it had been observing all along
     layer.state.register_slot("acc", torch.rand(shape[:3], generator=gen, device=device), fill=0.0)
     return layer
 
 
-def median_ms(call: Callable[[], object], device: torch.device, min_run_time: float) -> tuple[float, int]:
-    """The median milliseconds of ``call`` and how many runs it took: torch.utils.benchmark on the CPU;
-    on a GPU, CUDA events around each call (its kernels, not their launch), after one warm-up call."""
-    if device.type != "cuda":
-        measurement = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=min_run_time)
-        return measurement.median * 1e3, len(measurement.times)
-    call()
-    torch.cuda.synchronize(device)
-    times: list[float] = []
-    started = time.perf_counter()
-    while len(times) < 5 or time.perf_counter() - started < min_run_time:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
+class _Rolling:
+    """``layers`` caches of K + B slots, as a run's cache is when an event fires: the event compacts them
+    to K and the next B tokens, appended untimed, fill them again, so each event meets a live cache."""
+
+    def __init__(self, layers: list[LayerKV], buffer: int, step: int) -> None:
+        self.layers: list[Slots] = list(layers)
+        self.buffer, self.step = buffer, step
+        first = layers[0]
+        self.fresh = (first.keys[:, :, -buffer:].clone(), first.values[:, :, -buffer:].clone())
+
+    def event(self, evictor: Evictor, queries: Tensor) -> None:
+        self.layers = evictor.evict(self.layers, step=self.step, queries=[queries] * len(self.layers))
+
+    def refill(self) -> None:
+        keys, values = self.fresh
+        positions = torch.arange(self.step, self.step + self.buffer, device=keys.device)
+        for layer in self.layers:
+            layer.append(keys, values, positions.expand(*keys.shape[:3]))
+        self.step += self.buffer
+
+
+def median_ms(
+    call: Callable[[], object],
+    device: torch.device,
+    min_run_time: float,
+    between: Callable[[], object] | None = None,
+) -> tuple[float, int]:
+    """The median milliseconds of ``call`` and how many runs it took, ``between`` run untimed after each.
+    On the CPU, wall time with one torch thread (torch.utils.benchmark's default, so that the figures stay
+    comparable with earlier ones); on a GPU, CUDA events around each call (its kernels, not their
+    launch), after one warm-up call."""
+    cuda = device.type == "cuda"
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
         call()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times), len(times)
+        if between is not None:
+            between()
+        times: list[float] = []
+        started = time.perf_counter()
+        while len(times) < 5 or time.perf_counter() - started < min_run_time:
+            if cuda:
+                torch.cuda.synchronize(device)
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                call()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end))
+            else:
+                tick = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - tick) * 1e3)
+            if between is not None:
+                between()
+        return statistics.median(times), len(times)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, min_run_time: float = 0.2) -> float:
@@ -108,8 +155,8 @@ def bench_evict(
     """``isolated`` scorer files (FILE.py:Class) are timed twice: in this process and in their own process
     behind the sandbox (kvbench.isolation), so the difference is what isolation costs per event.
 
-    One event evicts ``layers`` layers (the same tensors each time: a layer's slots outgrow the GPU's
-    cache, so nothing is read warm); the copy bandwidth is measured on a copy of ``bandwidth_bytes``."""
+    One event evicts ``layers`` layers of one cache that rolls on as a run's does (kvbench.bench.evict's
+    _Rolling); the copy bandwidth is measured on a copy of ``bandwidth_bytes``."""
     where = torch.device(device)
     names = [n for n in (policies or ([] if isolated else known_policies())) if make_policy(n).evicts]
     if "random" not in names:
@@ -131,7 +178,6 @@ def bench_evict(
     bandwidth = copy_bandwidth(where, bandwidth_bytes)
     results: list[EvictTiming] = []
     for batch in batches:
-        layer = _layer(batch, model, budget + buffer, dtype, on_device, where)
         query_positions = torch.arange(budget, budget + buffer, device=where).expand(batch, q_heads, buffer)
         queries = apply_rope(
             torch.randn(batch, q_heads, buffer, head_dim, generator=on_device, device=where),
@@ -154,10 +200,12 @@ def bench_evict(
                     calibration=calibration,
                     telemetry=on,
                 )
-                event = functools.partial(
-                    evictor.evict, [layer] * layers, step=budget + buffer, queries=[queries] * layers
-                )
-                timed[on] = functools.partial(median_ms, event, where, min_run_time)
+                # every arm starts from the same cache: the generator restarts
+                start = torch.Generator(device=where).manual_seed(batch)
+                cache = [_layer(batch, model, budget + buffer, dtype, start, where) for _ in range(layers)]
+                rolling = _Rolling(cache, buffer, budget + buffer)
+                event = functools.partial(rolling.event, evictor, queries)
+                timed[on] = functools.partial(median_ms, event, where, min_run_time, rolling.refill)
             if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
                 pairs = [(timed[False]()[0], timed[True]()) for _ in range(2)]
                 without[name] = min(off for off, _ in pairs)

@@ -151,15 +151,20 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         device=args.device,
         telemetry_cost=args.telemetry_cost,
     )
+    timed_on = "one torch thread" if args.device == "cpu" else "CUDA events"
     table = Table(
         title=f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
-        f"B={args.buffer} {args.dtype} on {args.device}"
+        f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
     )
-    columns = ["policy", "batch", "ms / event", "× random", "copy floor ms", "runs"]
+    columns = ["policy", "batch", "ms / event", "× random", "copy floor ms", "× floor", "runs"]
+    columns += ["isolated / in process"] if args.isolated else []
     columns += ["telemetry on / off"] if args.telemetry_cost else []
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
+    in_process = {(r.policy.removesuffix(" (in process)"), r.batch): r.ms_per_event for r in results}
     for r in results:
+        apart = in_process.get((r.policy.removesuffix(" (isolated)"), r.batch))
+        isolation = [f"{r.ms_per_event / apart:.2f}" if r.policy.endswith(" (isolated)") and apart else ""]
         cost = [f"{r.telemetry_ratio:.3f}"] if r.telemetry_ratio is not None else []
         table.add_row(
             r.policy,
@@ -167,7 +172,9 @@ def bench_evict_command(args: argparse.Namespace) -> int:
             f"{r.ms_per_event:.2f}",
             f"{r.ratio_to_random:.2f}",
             f"{r.copy_floor_ms:.3f}",
+            f"{r.ms_per_event / r.copy_floor_ms:.2f}" if r.copy_floor_ms else "",
             str(r.runs),
+            *(isolation if args.isolated else []),
             *cost,
         )
     _report(table, describe_machine(args.device), results, args.json)

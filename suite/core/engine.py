@@ -156,7 +156,8 @@ class Evictor:
         queries: Sequence[Tensor | None] | None = None,
     ) -> list[Slots]:
         """Run one eviction event on every layer of the model, ``layers`` in layer order; return the
-        compacted layers.
+        compacted layers. The layers given are given up: a LayerKV that owns its buffers may be compacted
+        into them and returned itself.
 
         ``queries[i]`` is layer i's window of recent post-RoPE queries [B, Hq, W, D] (or None when the
         policy does not need them).
@@ -179,8 +180,10 @@ class Evictor:
                 kv.positions.gather(2, index[..., :keep]) for kv, index in zip(layers, indices, strict=True)
             ]
             self.retention.record(kept, step)
+        # the layers are given up: on the CPU each compacts into its own buffers (kvbench.core.layer_kv)
         compacted = [
-            kv.compacted(index, self.schedule.buffer) for kv, index in zip(layers, indices, strict=True)
+            kv.compacted(index, self.schedule.buffer, reuse=True)
+            for kv, index in zip(layers, indices, strict=True)
         ]
         self.stats.events += 1
         self.stats.seconds += time.perf_counter() - started

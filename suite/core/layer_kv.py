@@ -1,9 +1,11 @@
 """One layer's cache for a batch, in buffers with spare capacity so that appending never copies the past.
 
 Slots are kept in cache order in ``[B, Hkv, capacity, D]`` buffers; the first ``length`` slots are live.
-Appending writes in place while capacity lasts (growing geometrically when it does not), and a compacted
-copy is allocated with room for the next B tokens, so an evicting cache allocates once per event and its
-memory stays flat at K + B slots.
+Appending writes in place while capacity lasts (growing geometrically when it does not). An eviction
+compacts the kept slots: on the CPU, into the buffers the cache already owns (no allocation per event: a
+fresh buffer of a batch's cache is tens of MiB, which the allocator maps anew at every event and the
+kernel zeroes page by page, which cost twice the copy itself at batch 16); elsewhere into a new buffer
+with room for the next B tokens. Either way an evicting cache's memory stays flat at K + B slots.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class LayerKV:
         self.length = keys.shape[2]
         self.state = state if state is not None else LayerState()
         self._keys, self._values, self._positions = keys, values, positions
+        self._owned = False  # the caller's tensors: never overwritten by a compaction
         if capacity is not None and capacity > self.length:
             self.reserve(capacity)
 
@@ -78,6 +81,7 @@ class LayerKV:
         self._keys = _grown(self._keys, capacity, self.length)
         self._values = _grown(self._values, capacity, self.length)
         self._positions = _grown(self._positions, capacity, self.length)
+        self._owned = True
 
     def append(self, keys: Tensor, values: Tensor, positions: Tensor) -> None:
         """Append new slots ([B, Hkv, t, D] and [B, Hkv, t]) after the live ones."""
@@ -96,10 +100,22 @@ class LayerKV:
         self._keys = self._keys.index_select(0, rows)
         self._values = self._values.index_select(0, rows)
         self._positions = self._positions.index_select(0, rows)
+        self._owned = True
         self.state.select_rows(rows)
 
-    def compacted(self, index: Tensor, headroom: int = 0) -> LayerKV:
-        """A new LayerKV of the slots ``index`` [B, Hkv, S'], in order, with room for ``headroom`` more."""
+    def compacted(self, index: Tensor, headroom: int = 0, *, reuse: bool = False) -> LayerKV:
+        """The slots ``index`` [B, Hkv, S'], in that order, with room for ``headroom`` more.
+
+        ``reuse``: the caller gives this LayerKV up, so its own buffers may take the result (itself is
+        returned) when they are on the CPU, hold the headroom and ``index`` ascends in every row; else, and
+        always without ``reuse``, a new LayerKV is returned and this one is left as it was."""
+        if (
+            reuse
+            and self._owned
+            and self._keys.device.type == "cpu"
+            and self._compacts_in_place(index, headroom)
+        ):
+            return self
         # The headroom slots are filled with copies of the first kept slot: one gather allocates the buffer
         # at its final size, and they are overwritten by the next appends before anyone reads them.
         padded = torch.cat([index, index[:, :, :1].expand(-1, -1, headroom)], dim=-1) if headroom else index
@@ -110,7 +126,33 @@ class LayerKV:
             self.state.gathered(index),
         )
         new.length = index.shape[-1]
+        new._owned = True
         return new
+
+    def _compacts_in_place(self, index: Tensor, headroom: int) -> bool:
+        """Move the slots ``index`` to the front of their rows, in place, when that is safe: every row's
+        index ascends, so slot i is read from slot index[i] >= i, at or after where it is written."""
+        kept = index.shape[-1]
+        if kept + headroom > self.capacity or not bool((index[..., 1:] > index[..., :-1]).all()):
+            return False
+        positions = torch.gather(self.positions, 2, index)
+        self.state = self.state.gathered(index)
+        # Row by row (one KV head of one batch row): its kept slots are read whole into a scratch row
+        # before any is written, from its first slot that moves on (the slots before it stay put).
+        rows = index.reshape(-1, kept)
+        moves = rows != torch.arange(kept, device=index.device)
+        first = torch.where(moves.any(-1), moves.int().argmax(-1), kept).tolist()
+        for buffer in (self._keys, self._values):
+            flat = buffer.view(-1, self.capacity, buffer.shape[-1])
+            scratch = buffer.new_empty(kept, buffer.shape[-1])
+            for row, start in enumerate(first):
+                if start < kept:
+                    moved = scratch[: kept - start]
+                    torch.index_select(flat[row], 0, rows[row, start:], out=moved)
+                    flat[row, start:kept].copy_(moved)
+        self._positions[:, :, :kept] = positions
+        self.length = kept
+        return True
 
 
 FIRST_RESERVE = 4096

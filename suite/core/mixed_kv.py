@@ -88,8 +88,10 @@ class MixedLayerKV:
     def demotion_due(self) -> bool:
         return self.full.length - self.buffer > self.precision.high_precision
 
-    def compacted(self, index: Tensor, headroom: int = 0) -> MixedLayerKV:
-        """Keep the logical slots ``index`` [B, Hkv, S'] (the buffer last), then demote as the rule says."""
+    def compacted(self, index: Tensor, headroom: int = 0, *, reuse: bool = False) -> MixedLayerKV:
+        """Keep the logical slots ``index`` [B, Hkv, S'] (the buffer last), then demote as the rule says.
+        A new MixedLayerKV whatever ``reuse`` says: demotion reads the old full-precision slots after the
+        kept ones are gathered."""
         buffer = min(self.buffer, index.shape[-1])
         candidates, kept_buffer = (
             index[..., : index.shape[-1] - buffer],

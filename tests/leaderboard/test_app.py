@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from boardtest import APP, all_text, by_policy, chart_traces, frame, mean, open_app, sql_scores
+from boardtest import APP, all_text, by_policy, chart_traces, frame, mean, open_app, sql_scores, tab
 from streamlit.testing.v1 import AppTest
 
 from kvbench.leaderboard import queries
@@ -108,12 +108,28 @@ def test_budget_curves_carry_every_policy_the_null_band_and_full(board_db: Path,
 
 def test_efficiency_shows_the_recorded_decode_benchmark(board_db: Path, monkeypatch) -> None:
     app = open_app(board_db, monkeypatch, url={"compression": "K384"})  # gsm8k and gpqa: one average
-    rows = frame(app, "Efficiency")
+    rows = next(f.value for f in tab(app, "Efficiency").dataframe if "speed_vs_full" in f.value)
     mixed = {"full @ mixed-4bit-g8", "random @ mixed-4bit-g8"}  # the same caches at 4 bits
     assert set(rows["policy"]) == {"full", "random", "snapkv", *mixed}
     scatter = chart_traces(app, "Efficiency")["policies"]
     assert sorted(scatter["text"]) == sorted(["full", "random", "snapkv", *mixed])
     assert sorted(scatter["x"]) == sorted(rows["speed_vs_full"])
+
+
+def test_efficiency_shows_what_eviction_cost_in_the_tables_runs(board_db: Path, monkeypatch) -> None:
+    app = open_app(board_db, monkeypatch)  # K = N_avg / 2 on passkey and fidelity
+    cost = frame(app, "Efficiency").set_index("policy")
+    with duckdb.connect(str(board_db), read_only=True) as con:
+        found = con.execute(
+            "SELECT r.policy, sum(s.eviction_seconds), sum(s.evictions) FROM samples s JOIN runs r "
+            "USING (run_id) WHERE r.model = 'tiny-qwen3' AND r.ratio = 2 AND r.protocol = 'protect-prompt' "
+            "GROUP BY ALL HAVING sum(s.evictions) > 0"
+        ).fetchall()
+    expected = {policy: 1000 * seconds / events for policy, seconds, events in found}
+    assert set(cost.index) == set(expected) == {"random", "streaming", "snapkv"}
+    for policy, ms in expected.items():
+        assert cost.loc[policy, "ms_per_event"] == pytest.approx(ms)
+        assert cost.loc[policy, "× null"] == pytest.approx(ms / expected["random"])
 
 
 def test_policy_page_drills_down_to_outputs_but_never_private_text(board_db: Path, monkeypatch) -> None:
