@@ -154,7 +154,10 @@ class LayerState:
 
 @dataclass(frozen=True)
 class EvictionView:
-    """What a policy sees at one eviction event of one layer. Read-only: never modify these tensors."""
+    """What a policy sees at one eviction event of one layer. Read-only: never modify these tensors. They
+    hold during the call only (the engine compacts the cache in place after it; an isolated scorer's
+    are mapped from a file the next request overwrites): copy what a policy keeps, or keep it in
+    ``state``."""
 
     keys: Tensor
     """[B, Hkv, n, D] candidate keys, post-RoPE, as cached (every slot but the buffer)."""

@@ -46,9 +46,11 @@ from kvbench.graders.sandbox import (
     rlimits,
 )
 from kvbench.isolation import messages, wire
+from kvbench.isolation.arena import Arena
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
 INSIDE = "/scorer"
+ARENA_INSIDE = "/arena"  # the request's large tensors (kvbench.isolation.arena), bound read-only
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class IsolationLimits:
 
 
 def _command(
-    bwrap: str, folder: Path, class_name: str, limits: IsolationLimits, seccomp_fd: int
+    bwrap: str, folder: Path, arena: Path, class_name: str, limits: IsolationLimits, seccomp_fd: int
 ) -> list[str]:
     import kvbench.adapters
     import kvbench.policies
@@ -114,7 +116,7 @@ def _command(
     # kvbench's code on this machine: the package and the folders mapped into it (policies, adapters)
     packages = {Path(m.__file__).resolve().parent for m in (kvbench, kvbench.policies, kvbench.adapters)}  # type: ignore[arg-type]
     code = dict.fromkeys(str(p) for p in (Path(sys.prefix).resolve(), *sorted(packages)))
-    folders = [(path, path) for path in code] + [(str(folder), INSIDE)]
+    folders = [(path, path) for path in code] + [(str(folder), INSIDE), (str(arena), ARENA_INSIDE)]
     environment = {"OMP_NUM_THREADS": "1"}
     inside = boundary(
         bwrap, python.resolve(), folders, limits.scratch_bytes, environment, seccomp_fd, read_only_root=True
@@ -130,9 +132,11 @@ class ScorerProcess:
         sandbox.check()
         self.label, self.limits = label, limits
         self.folder = program_folder("kvbench-scorer-", {"scorer.py": source})
+        self.arena = Arena()
         seccomp = refused_calls()
         try:
-            command = _command(str(sandbox.bwrap), self.folder, class_name, limits, seccomp)
+            bwrap = str(sandbox.bwrap)
+            command = _command(bwrap, self.folder, self.arena.folder, class_name, limits, seccomp)
             line, user = as_fresh_user(command)
             self.process = launch(line, rlimits(limits.caps()), pass_fds=(seccomp,), **user)
         finally:
@@ -141,7 +145,7 @@ class ScorerProcess:
         self.log: collections.deque[bytes] = collections.deque()
         threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
         self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
-        self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes)
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes, self.arena)
         self.cpu = _CpuWatch(self.process, limits.start_seconds)
 
     def _drain(self, stream: Any) -> None:
@@ -169,6 +173,9 @@ class ScorerProcess:
     ) -> wire.Frame:
         """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late."""
         late = f"no answer within {seconds:g} s, the time limit per {per}"
+        layout, tensors = self.arena.place(tensors)
+        if layout:
+            header = {**header, "arena": {**layout, "folder": ARENA_INSIDE}}
         return self._exchange(wire.encode(header, tensors), where, seconds, late)
 
     def _exchange(self, request: bytes | None, where: str, seconds: float, late: str) -> wire.Frame:
@@ -271,9 +278,10 @@ def _tree_cpu_seconds(root: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes) -> None:
+def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes, arena: Arena) -> None:
     kill(process)
     pipes.close()
+    arena.close()
     shutil.rmtree(folder, ignore_errors=True)
 
 

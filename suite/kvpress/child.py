@@ -162,8 +162,8 @@ def serve(press_name: str) -> None:
 
     def answer(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> wire.Frame:
         layer = (str(header["model"]["name"]), int(header["layer"]))
-        if "output_projection" in tensors:
-            output_projections[layer] = tensors["output_projection"]
+        if "output_projection" in tensors:  # a copy: the arena's file holds the next request's tensors
+            output_projections[layer] = tensors["output_projection"].clone()
         elif layer in output_projections:
             tensors = {**tensors, "output_projection": output_projections[layer]}
         return {"ok": True}, {"scores": score(press, feed, header, tensors)}

@@ -18,6 +18,7 @@ from torch import Tensor
 from kvbench.core.contract import EvictionView, Policy
 from kvbench.errors import ScorerError, SpecError
 from kvbench.isolation import messages, wire
+from kvbench.isolation.arena import Arena
 from kvbench.kvpress.catalog import PREFIX, SUPPORTED, policy_name, press_of, reason
 from kvbench.kvpress.environment import child_environment, installed_presses, require
 from kvbench.registry import parse_policy_arg
@@ -39,7 +40,8 @@ class _Child:
         )
         self.log: collections.deque[str] = collections.deque(maxlen=40)
         threading.Thread(target=self._drain, daemon=True).start()
-        self._finalizer = weakref.finalize(self, _stop, self.process)
+        self.arena = Arena()  # an event's keys and values cross in a mapped file, not the pipe
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.arena)
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -48,6 +50,9 @@ class _Child:
 
     def call(self, header: dict[str, Any], tensors: dict[str, Tensor], where: str) -> wire.Frame:
         assert self.process.stdin is not None and self.process.stdout is not None
+        layout, tensors = self.arena.place(tensors)
+        if layout:
+            header = {**header, "arena": {**layout, "folder": str(self.arena.folder)}}
         try:
             self.process.stdin.write(wire.encode(header, tensors))
             self.process.stdin.flush()
@@ -67,10 +72,11 @@ class _Child:
         self._finalizer()
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen, arena: Arena) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
+    arena.close()
 
 
 class KvpressPolicy(Policy):

@@ -18,7 +18,7 @@ from kvbench.core.contract import EvictionView, LayerState, ModelFacts
 from kvbench.errors import SpecError
 from kvbench.kvpress.policy import kvpress_policy
 
-HKV, HQ, D, HIDDEN, N, KEEP = 2, 4, 16, 48, 30, 12
+HKV, HQ, D, HIDDEN, N, KEEP = 2, 4, 16, 320, 30, 12  # W_O over 64 KiB: it crosses in the arena
 
 
 def view(model: ModelFacts, layer: int, event: int, seed: int) -> EvictionView:

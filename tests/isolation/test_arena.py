@@ -1,0 +1,144 @@
+"""The arena: an isolated scorer's large tensors cross through a file both sides map, read in place by the
+child, which can neither write the file nor shrink it under the parent, and whose own writes stay its own;
+the scores it gives through the arena are those of the same scorer in kvbench's process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from isolated_scorers import hostile, scorer, started_policy, stop_scorers  # noqa: F401 (a fixture)
+from synthetic_adapter import synthetic_model
+
+from kvbench.core.schedule import Schedule
+from kvbench.errors import ScorerError
+from kvbench.isolation.arena import Arena, ArenaReader
+from kvbench.isolation.wire import WireError
+from kvbench.registry import make_policy
+from support import RecordingBackend, needs_sandbox
+
+
+def tensors(scale: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(scale)
+    return {
+        "keys": torch.randn(2, 4, 100 * scale, 64, generator=g)[:, :, : 90 * scale],  # a strided slice
+        "positions": torch.arange(4 * 90 * scale * 40).view(4, -1),
+        "protected": torch.rand(2, 4, 9000 * scale, generator=g) < 0.5,
+        "small": torch.ones(3, 5),
+    }
+
+
+def test_large_tensors_cross_in_place_and_small_ones_stay_in_the_frame() -> None:
+    arena, reader = Arena(), ArenaReader()
+    try:
+        sent = tensors(1)
+        layout, left = arena.place(sent)
+        assert set(left) == {"small"} and set(layout["tensors"]) == {"keys", "positions", "protected"}
+        got = reader.tensors({**layout, "folder": str(arena.folder)})
+        for name in layout["tensors"]:
+            assert got[name].dtype == sent[name].dtype and torch.equal(got[name], sent[name]), name
+        first = layout["file"]
+        bigger = tensors(3)  # more than the first file holds: a new file, the old one gone
+        layout, _ = arena.place(bigger)
+        assert layout["file"] != first and not (arena.folder / first).exists()
+        got = reader.tensors({**layout, "folder": str(arena.folder)})
+        assert torch.equal(got["keys"], bigger["keys"])
+        got["keys"].add_(1.0)  # the child's own write: a private copy of the page, not the parent's file
+        again = ArenaReader().tensors({**layout, "folder": str(arena.folder)})
+        assert torch.equal(again["keys"], bigger["keys"])
+    finally:
+        arena.close()
+    assert not arena.folder.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"file": "../../etc/passwd"}, "an arena file name '../../etc/passwd' that is not NUMBER.arena"),
+        ({"tensors": {"keys": {"dtype": "object", "shape": [2], "offset": 0}}}, "not {dtype, shape, offset}"),
+        ({"tensors": {"keys": {"dtype": "float32", "shape": [1 << 30], "offset": 0}}}, "ends past the file"),
+        ({"tensors": {"keys": {"dtype": "float32", "shape": [-4, 2], "offset": 0}}}, "ends past the file"),
+        ({"tensors": {"keys": {"dtype": "int64", "shape": [4], "offset": -8}}}, "ends past the file"),
+    ],
+)
+def test_the_child_refuses_an_entry_outside_the_arena(change: dict, message: str) -> None:
+    arena = Arena()
+    try:
+        layout, _ = arena.place(tensors(1))
+        with pytest.raises(WireError, match=message.replace("{", r"\{").replace("}", r"\}")):
+            ArenaReader().tensors({**layout, "folder": str(arena.folder), **change})
+    finally:
+        arena.close()
+
+
+SCORER = """
+from kvbench import EvictionView, Policy, policy
+
+@policy("mixed-norms")
+class MixedNorms(Policy):
+    needs = frozenset({"queries"})
+
+    def score(self, view: EvictionView):
+        keys, values = view.keys.float(), view.values.float()
+        attention = (view.queries.float()[:, ::2, -1:] @ keys.transpose(-1, -2)).squeeze(2)
+        return values.norm(dim=-1) - 0.1 * keys.norm(dim=-1) + attention + 1e-4 * view.positions.float()
+"""
+
+
+@needs_sandbox
+def test_scores_through_the_arena_are_the_in_process_scorers(tmp_path: Path) -> None:
+    path = scorer(tmp_path, SCORER)
+    apart = started_policy(path, "MixedNorms", {})
+    here = make_policy(f"{path}:MixedNorms")
+    kept = []
+    for policy in (here, apart):
+        model = synthetic_model(layers=2, q_heads=4, kv_heads=2, head_dim=64)
+        backend = RecordingBackend(
+            policy, Schedule(budget=256, buffer=32), model, prompt_len=8, row_seeds=[3, 7]
+        )  # fmt: skip
+        for _ in range(400):
+            backend.step()
+        assert backend.evictor.stats.events >= 4
+        kept.append([layer.positions.clone() for layer in backend.layers])
+    assert apart.process is not None and apart.process.arena.files >= 1  # the arena carried them
+    for here_positions, apart_positions in zip(*kept, strict=True):
+        assert torch.equal(here_positions, apart_positions)
+
+
+@needs_sandbox
+def test_the_child_can_neither_write_nor_shrink_the_arena(tmp_path: Path) -> None:
+    body = """
+    import glob, mmap
+    said = []
+    for path in glob.glob("/arena/*.arena"):
+        for what, act in (("open for writing", lambda: open(path, "r+b")),
+                          ("truncate", lambda: os.truncate(path, 0)),
+                          ("remove", lambda: os.remove(path))):
+            try:
+                act()
+                said.append(f"{what}: done")
+            except OSError as exc:
+                said.append(f"{what}: errno {exc.errno}")
+    before = view.keys.clone()
+    view.keys.add_(1.0)
+    with open(glob.glob("/arena/*.arena")[0], "rb") as f:
+        fresh = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        on_file = torch.frombuffer(fresh, dtype=torch.float32, count=view.keys.numel()).view(view.keys.shape)
+        said.append(f"file unchanged by the write: {torch.equal(on_file, before)}")
+    raise RuntimeError("; ".join(said))
+    """
+    policy = hostile(tmp_path, body)
+    model = synthetic_model(layers=1, q_heads=4, kv_heads=2, head_dim=64)
+    backend = RecordingBackend(policy, Schedule(budget=256, buffer=32), model, prompt_len=8, row_seeds=[3, 7])
+    with pytest.raises(ScorerError) as raised:
+        for _ in range(400):
+            backend.step()
+    message = str(raised.value)
+    # EACCES (the parent's file, mode 0644, and another user) or EROFS (the folder is bound read-only)
+    for what in ("open for writing", "truncate", "remove"):
+        assert f"{what}: errno 13" in message or f"{what}: errno 30" in message, message
+    assert "done" not in message, message
+    assert "file unchanged by the write: True" in message, message
+    assert os.path.isdir(policy.process.arena.folder)
