@@ -113,6 +113,7 @@ class LayerKV:
             reuse
             and self._owned
             and self._keys.device.type == "cpu"
+            and not self._keys.requires_grad  # a cache filled outside no_grad: autograd's history stays
             and self._compacts_in_place(index, headroom)
         ):
             return self
