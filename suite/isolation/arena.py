@@ -68,7 +68,10 @@ class Arena:
             layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": end}
             end += -(-_bytes(t) // ALIGN) * ALIGN
         if self.view is None or end > len(self.view):
-            self._grow(end)
+            try:
+                self._grow(end)
+            except OSError:  # the tmpfs is full (a container's /dev/shm is 64 MiB): the pipe carries all
+                return {}, tensors
         assert self.view is not None
         for name, t in large.items():
             offset = layout[name]["offset"]
@@ -86,8 +89,13 @@ class Arena:
         path = self.folder / self.name
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.ftruncate(descriptor, size)
+            # the pages are taken now, or ENOSPC is raised here: a full tmpfs would otherwise answer a
+            # write into the mapping with SIGBUS, which would end kvbench's own process
+            os.posix_fallocate(descriptor, 0, size)
             self.view = mmap.mmap(descriptor, size)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(descriptor)
 

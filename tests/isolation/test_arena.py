@@ -5,6 +5,8 @@ the scores it gives through the arena are those of the same scorer in kvbench's 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,22 @@ def test_the_child_can_neither_write_nor_shrink_the_arena(tmp_path: Path) -> Non
     assert "done" not in message, message
     assert "file unchanged by the write: True" in message, message
     assert os.path.isdir(policy.process.arena.folder)
+
+
+def test_an_arena_that_cannot_take_its_pages_leaves_every_tensor_to_the_pipe() -> None:
+    """A file that cannot grow (here the file-size limit; a full tmpfs, as a container's 64 MiB /dev/shm
+    fills, fails the same way) is refused when made, never by SIGBUS in the middle of a write."""
+    script = """
+import resource, signal, torch
+from kvbench.isolation.arena import Arena
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+arena = Arena()
+big = {"keys": torch.ones(4, 1 << 20), "small": torch.ones(3)}
+layout, left = arena.place(big)
+print(sorted(layout), sorted(left), sorted(p.name for p in arena.folder.iterdir()))
+arena.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] ['keys', 'small'] []"
