@@ -62,10 +62,9 @@ class Arena:
         large = {k: t for k, t in tensors.items() if t.device.type == "cpu" and _bytes(t) >= SMALLEST}
         if not large:
             return {}, tensors
-        layout, end = {}, 0
+        offsets, end = {}, 0
         for name, t in large.items():
-            dtype = str(t.dtype).removeprefix("torch.")
-            layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": end}
+            offsets[name] = end
             end += -(-_bytes(t) // ALIGN) * ALIGN
         if self.view is None or end > len(self.view):
             try:
@@ -73,9 +72,12 @@ class Arena:
             except OSError:  # the tmpfs is full (a container's /dev/shm is 64 MiB): the pipe carries all
                 return {}, tensors
         assert self.view is not None
+        layout = {}
         for name, t in large.items():
-            offset = layout[name]["offset"]
-            torch.frombuffer(self.view, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape).copy_(t)
+            target = torch.frombuffer(self.view, dtype=t.dtype, count=t.numel(), offset=offsets[name])
+            target.view(t.shape).copy_(t)
+            dtype = str(t.dtype).removeprefix("torch.")
+            layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": offsets[name]}
         left = {k: t for k, t in tensors.items() if k not in large}
         return {"file": self.name, "tensors": layout}, left
 
@@ -150,4 +152,4 @@ class ArenaReader:
             raise WireError(f"arena tensor {name!r}: shape {shape} at offset {offset} ends past the file")
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(self.view, dtype=dtype, count=count, offset=offset).view(shape)  # type: ignore[arg-type]
+        return torch.frombuffer(self.view, dtype=dtype, count=count, offset=offset).view(shape)
