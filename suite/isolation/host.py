@@ -255,27 +255,61 @@ def _tree_cpu_seconds(root: int) -> float:
     """CPU seconds (user and system) of process ``root`` and every process below it, those it has reaped
     included: bubblewrap's init reaps what its children leave, so no process of the tree escapes. Read from
     /proc, not psutil: the GPU check imports this module on a GPU node that has no psutil."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry.name}/stat").read_text()
-        except OSError:  # it ended
-            continue
-        fields = text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    try:
+        tree = _descendants(root)
+    except FileNotFoundError:  # a kernel without /proc/PID/task/TID/children: walk every process
+        tree = _descendants_by_walk(root)
     total = 0
-    for pid, count in ticks.items():
+    for pid in tree:
+        try:
+            total += sum(int(f) for f in _stat(pid)[11:15])  # utime stime cutime cstime
+        except OSError:  # it ended; its parent's cutime and cstime hold it once reaped
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and the processes below it, from each thread's list of the children it started: a few
+    reads per event, where walking every process of the machine cost milliseconds per event."""
+    if not Path(f"/proc/{root}/task/{root}/children").exists() and Path(f"/proc/{root}").exists():
+        raise FileNotFoundError("no /proc/PID/task/TID/children here")
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                stack += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def _descendants_by_walk(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+            except OSError:  # it ended
+                continue
+    found = []
+    for pid in parents:
         up = pid
         while up > 1 and up != root:
             up = parents.get(up, 0)
         if up == root:
-            total += count
-    return total / os.sysconf("SC_CLK_TCK")
+            found.append(pid)
+    return found
 
 
 def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes, arena: Arena) -> None:
