@@ -93,10 +93,15 @@ def key_redundancy(keys: Tensor) -> Tensor:
     The row mean of the cosine matrix with its diagonal zeroed, divided by n, is (u_i·Σ_j u_j − u_i·u_i)/n
     for unit keys u: O(n·D) with no n×n matrix at all, and equal to the matrix form (tested).
     """
-    unit = F.normalize(keys.float(), dim=-1)  # [B, Hkv, n, D]
-    total = unit.sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
-    row_sums = (unit * total).sum(dim=-1) - unit.square().sum(dim=-1)
-    return (row_sums / keys.shape[2]).softmax(dim=-1)
+    batch, heads, n, dim = keys.shape
+    flat = keys.reshape(batch * heads, 1, n, dim)
+    row_sums = keys.new_empty(batch * heads, 1, n, dtype=torch.float32)
+    step = max(1, CHUNK_BYTES // (4 * max(n, 1) * dim))  # a few KV heads at a time, as window_attention
+    for start in range(0, batch * heads, step):
+        unit = F.normalize(flat[start : start + step].float(), dim=-1)  # [c, 1, n, D]
+        total = unit.sum(dim=2, keepdim=True)  # [c, 1, 1, D]
+        row_sums[start : start + step] = (unit * total).sum(dim=-1) - unit.square().sum(dim=-1)
+    return (row_sums.view(batch, heads, n) / n).softmax(dim=-1)
 
 
 def gaussian_projection(view: EvictionView, rank: int) -> Tensor:
