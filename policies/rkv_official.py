@@ -20,17 +20,17 @@ import torch
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy, policy
-from kvbench.policies.scoring import CHUNK_BYTES, key_similarity_rows, window_attention
+from kvbench.policies.scoring import heads_per_chunk, key_similarity_rows, window_attention
 
 
 def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
     """R-KV's redundancy [B, Hkv, n] (see the module docstring), in chunks of rows of a few KV heads at a
-    time, so that no similarity block outgrows CHUNK_BYTES."""
+    time, so that no similarity block outgrows CHUNK_BYTES (kvbench.policies.scoring)."""
     batch, heads, n, dim = keys.shape
     flat = keys.reshape(batch * heads, 1, n, dim)
     column_sums = torch.zeros(batch * heads, n, dtype=torch.float32, device=keys.device)
     one_based = torch.arange(1, n + 1, device=keys.device, dtype=torch.int16 if n < 2**15 else torch.int32)
-    group = max(1, CHUNK_BYTES // (4 * ROWS * max(n, 1)))
+    group = heads_per_chunk(ROWS * n)
     for first in range(0, batch * heads, group):
         for start, cos in key_similarity_rows(flat[first : first + group], chunk=ROWS):  # [g, 1, c, n]
             rows = torch.arange(cos.shape[2], device=keys.device)

@@ -42,6 +42,11 @@ the allocator maps anew at each event and the kernel zeroes page by page before 
 again from memory; row by row the values are the same (each row is its own matrix product)."""
 
 
+def heads_per_chunk(floats_per_head: int) -> int:
+    """How many (batch row, KV head) pairs one chunk takes when each holds ``floats_per_head`` fp32 values."""
+    return max(1, CHUNK_BYTES // (4 * max(floats_per_head, 1)))
+
+
 def window_attention(
     queries: Tensor, keys: Tensor, pool: Pool = "avg5", group: GroupReduce = "mean"
 ) -> Tensor:
@@ -58,7 +63,7 @@ def window_attention(
     q = queries.float().reshape(batch * kv_heads, group_size, window, dim)  # [B·Hkv, G, W, D]
     k = keys.float().reshape(batch * kv_heads, n, dim)
     probs = q.new_empty(batch * kv_heads, 1 if group == "max" else group_size, n)
-    step = max(1, CHUNK_BYTES // (4 * group_size * window * max(n, 1)))
+    step = heads_per_chunk(group_size * window * n)
     for start in range(0, batch * kv_heads, step):
         part = slice(start, start + step)
         logits = torch.einsum("cgwd,cnd->cgwn", q[part], k[part]).div_(math.sqrt(dim))  # [c, G, W, n]
@@ -96,7 +101,7 @@ def key_redundancy(keys: Tensor) -> Tensor:
     batch, heads, n, dim = keys.shape
     flat = keys.reshape(batch * heads, 1, n, dim)
     row_sums = keys.new_empty(batch * heads, 1, n, dtype=torch.float32)
-    step = max(1, CHUNK_BYTES // (4 * max(n, 1) * dim))  # a few KV heads at a time, as window_attention
+    step = heads_per_chunk(n * dim)  # a few KV heads at a time, as window_attention
     for start in range(0, batch * heads, step):
         unit = F.normalize(flat[start : start + step].float(), dim=-1)  # [c, 1, n, D]
         total = unit.sum(dim=2, keepdim=True)  # [c, 1, 1, D]

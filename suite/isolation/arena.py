@@ -32,11 +32,10 @@ from kvbench.isolation.wire import WireError
 SMALLEST = 64 << 10
 """Tensors under this many bytes stay in the pipe's frame: a mapping is worth it for the big ones only."""
 ALIGN = 64
+_KNOWN = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
 DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
+    str(d).removeprefix("torch."): d for d in (*_KNOWN, torch.int8, torch.uint8, torch.bool)
 }
-DTYPES |= {str(d).removeprefix("torch."): d for d in (torch.int16, torch.int8, torch.uint8, torch.bool)}
 FILE_NAME = re.compile(r"[0-9]{1,9}\.arena")
 
 
