@@ -17,31 +17,30 @@ protected anyway).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy, policy
-from kvbench.policies.scoring import heads_per_chunk, key_similarity_rows, window_attention
+from kvbench.policies.near_duplicates import newest_near_duplicates, rows_of
+from kvbench.policies.scoring import heads_per_chunk, window_attention
 
 
 def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
-    """R-KV's redundancy [B, Hkv, n] (see the module docstring), in chunks of rows of a few KV heads at a
-    time, so that no similarity block outgrows CHUNK_BYTES (kvbench.policies.scoring)."""
+    """R-KV's redundancy [B, Hkv, n] (see the module docstring). A column sum of the cosine matrix is
+    u_j·Σ_i u_i, less the diagonal and the entry each row zeroes: O(n·D) given each row's newest
+    near-duplicate (kvbench.policies.near_duplicates); a few KV heads at a time, as window_attention."""
     batch, heads, n, dim = keys.shape
-    flat = keys.reshape(batch * heads, 1, n, dim)
-    column_sums = torch.zeros(batch * heads, n, dtype=torch.float32, device=keys.device)
-    one_based = torch.arange(1, n + 1, device=keys.device, dtype=torch.int16 if n < 2**15 else torch.int32)
-    group = heads_per_chunk(ROWS * n)
-    for first in range(0, batch * heads, group):
-        for start, cos in key_similarity_rows(flat[first : first + group], chunk=ROWS):  # [g, 1, c, n]
-            rows = torch.arange(cos.shape[2], device=keys.device)
-            cos[:, :, rows, rows + start] = 0.0
-            newest_similar = ((cos > threshold) * one_based).amax(dim=-1, keepdim=True)  # 0: none
-            cos.scatter_(-1, (newest_similar.long() - 1).clamp(min=0), 0.0)
-            column_sums[first : first + group] += cos.sum(dim=2)[:, 0]
+    flat = keys.reshape(batch * heads, n, dim)
+    column_sums = flat.new_empty(batch * heads, n, dtype=torch.float32)
+    step = heads_per_chunk(n * dim)
+    for first in range(0, batch * heads, step):
+        unit = F.normalize(flat[first : first + step].float(), dim=-1)  # [g, n, D]
+        sums = (unit * unit.sum(dim=1, keepdim=True)).sum(dim=-1) - unit.square().sum(dim=-1)
+        zeroed = newest_near_duplicates(unit, threshold).clamp(min=0)  # a row with none zeroes its slot 0
+        entries = (unit * rows_of(unit, zeroed)).sum(dim=-1)
+        entries[:, 0].masked_fill_(zeroed[:, 0] == 0, 0.0)  # row 0's slot 0 is its diagonal, left out
+        column_sums[first : first + step] = sums.scatter_add_(1, zeroed, -entries)
     return (column_sums.view(batch, heads, n) / n).softmax(dim=-1)
-
-
-ROWS = 256  # similarity rows per block: the column sums add up in blocks of this many rows
 
 
 @policy("rkv-official", needs={"queries"})

@@ -7,7 +7,6 @@ Every helper returns float32.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -79,17 +78,6 @@ def value_range(values: Tensor) -> Tensor:
     """max − min over the head dimension, per slot: [B, Hkv, n]."""
     v = values.float()
     return v.amax(dim=-1) - v.amin(dim=-1)
-
-
-def key_similarity_rows(keys: Tensor, chunk: int = 256) -> Iterator[tuple[int, Tensor]]:
-    """Yield (start, cos) with cos [B, Hkv, c, n] the cosine similarities of candidates start.. to all.
-
-    Chunked over rows so that no n×n matrix is ever held for large n.
-    """
-    unit = F.normalize(keys.float(), dim=-1)
-    n = unit.shape[2]
-    for start in range(0, n, chunk):
-        yield start, unit[:, :, start : start + chunk] @ unit.transpose(-1, -2)
 
 
 def key_redundancy(keys: Tensor) -> Tensor:

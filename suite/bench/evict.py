@@ -67,22 +67,28 @@ def _layer(
 
 class _Rolling:
     """``layers`` caches of K + B slots, as a run's cache is when an event fires: the event compacts them
-    to K and the next B tokens, appended untimed, fill them again, so each event meets a live cache."""
+    to K and the next B tokens, appended untimed, fill them again, so each event meets a live cache. The
+    appended keys and values are new draws, rotated as the model's are, so the cache never fills with
+    copies of the same few keys (R-KV's near-duplicate search would meet nothing else)."""
 
-    def __init__(self, layers: list[LayerKV], buffer: int, step: int) -> None:
+    def __init__(
+        self, layers: list[LayerKV], buffer: int, step: int, gen: torch.Generator, inv_freq: Tensor | None
+    ) -> None:
         self.layers: list[Slots] = list(layers)
-        self.buffer, self.step = buffer, step
-        first = layers[0]
-        self.fresh = (first.keys[:, :, -buffer:].clone(), first.values[:, :, -buffer:].clone())
+        self.buffer, self.step, self.gen, self.inv_freq = buffer, step, gen, inv_freq
 
     def event(self, evictor: Evictor, queries: Tensor) -> None:
         self.layers = evictor.evict(self.layers, step=self.step, queries=[queries] * len(self.layers))
 
     def refill(self) -> None:
-        keys, values = self.fresh
-        positions = torch.arange(self.step, self.step + self.buffer, device=keys.device)
+        first = self.layers[0]
+        batch, heads, _, dim = first.keys.shape
+        device = first.keys.device
+        positions = torch.arange(self.step, self.step + self.buffer, device=device).expand(batch, heads, -1)
         for layer in self.layers:
-            layer.append(keys, values, positions.expand(*keys.shape[:3]))
+            drawn = torch.randn(2, batch, heads, self.buffer, dim, generator=self.gen, device=device)
+            keys = apply_rope(drawn[0], positions, self.inv_freq).to(first.keys.dtype)
+            layer.append(keys, drawn[1].to(first.values.dtype), positions)
         self.step += self.buffer
 
 
@@ -203,7 +209,7 @@ def bench_evict(
                 # every arm starts from the same cache: the generator restarts
                 start = torch.Generator(device=where).manual_seed(batch)
                 cache = [_layer(batch, model, budget + buffer, dtype, start, where) for _ in range(layers)]
-                rolling = _Rolling(cache, buffer, budget + buffer)
+                rolling = _Rolling(cache, buffer, budget + buffer, start, inv_freq.to(where))
                 event = functools.partial(rolling.event, evictor, queries)
                 timed[on] = functools.partial(median_ms, event, where, min_run_time, rolling.refill)
             if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
