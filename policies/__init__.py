@@ -2,5 +2,5 @@
 
 Every public module is scanned for classes decorated with ``@kvbench.policy``; ``scoring`` holds the
 helpers that several policies share. Each policy file's docstring gives its exact math and source;
-docs/scorers.md lists them.
+docs/policies.md states them all, and docs/scorers.md lists them.
 """

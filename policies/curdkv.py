@@ -8,6 +8,8 @@ G is drawn once per layer and batch row at the layer's first event, shared by it
 the rest of the sequence (contrast ``vase-dkv``, which redraws it at every event). The first ``sinks`` = 4
 slots are always kept, as the VaSE code does: no effect when the protocol protects them already, and the
 attention sinks survive under ``protection: none``.
+
+See docs/policies.md#curdkv (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

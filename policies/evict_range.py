@@ -3,6 +3,8 @@
 score = −value_range(values), value_range = max − min over the head dimension. The VASE paper reports
 that this inversion of its value criterion collapses GSM8K accuracy (88% → 14%): kvbench keeps it as a
 sanity check that value magnitude matters.
+
+See docs/policies.md#evict-range (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Full cache: the reference arm that never evicts (the engine bypasses eviction for it)."""
+"""Full cache: the reference arm that never evicts (the engine bypasses eviction for it;
+docs/policies.md#full)."""
 
 from __future__ import annotations
 

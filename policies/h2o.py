@@ -13,6 +13,8 @@ budget between recent and heavy-hitter tokens; the buffer counts towards the rec
 recency for every policy alike), so recent · K ≤ B adds no window; recent = 0 is pure accumulated
 attention, under which a token leaving the buffer, having received about B queries' attention, rarely
 outscores survivors that have accumulated thousands.
+
+See docs/policies.md#h2o (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

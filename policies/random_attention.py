@@ -6,6 +6,8 @@ K − B candidates per KV head, independently per head and layer.
 
 Recorded choices: the reference code draws from an unseeded global generator; we seed every draw from
 (sample seed, layer, event).
+
+See docs/policies.md#random (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

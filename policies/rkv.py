@@ -7,6 +7,8 @@ row (divided by n), softmax over the slots. Computed in row chunks: no n×n matr
 
 Recorded choices: λ = 0.5 as in the papers' tables (the R-KV repository uses 0.1: see ``rkv-official``);
 W = 64.
+
+See docs/policies.md#rkv (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Recorded choices: λ = 0.1 (the R-KV README and the Random Attention runs; the r
 is 0.07); scores over the candidates only (every slot but the buffer), as in the Random Attention port;
 the j = 0 quirk for rows without a near-duplicate is kept for fidelity (under prompt protection slot 0 is
 protected anyway).
+
+See docs/policies.md#rkv-official (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Shapes: B batch rows, Hkv KV heads, G query heads per KV head, W recent queries, n candidates, D head dim.
 Every helper returns float32.
+
+The helpers' formulas: docs/policies.md#shared-helpers.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ pooling (kernel 5, padding 2) along the slots, mean over the GQA group.
 
 Recorded choices: W = 64 (= the default buffer); the original prefill-time SnapKV uses a max-pool of
 kernel 7 and a window of 32, both available as parameters.
+
+See docs/policies.md#snapkv (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 score = position: keep the most recent candidates. The attention sinks are not the policy's business:
 use a protocol with ``sinks: 4`` protection, so that every policy compared with it gets the same sinks.
+
+See docs/policies.md#streaming (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ the rotated expected query q̄·M·e^{iωt}. The tests check this against the fo
 Recorded choices: t = view.step (the position of the next query); population std clamped at 1e-6 as
 upstream; no tie-break noise; RoPE attention scaling 1 (plain RoPE); calibration after q_norm (upstream
 skips it: a known bug).
+
+See docs/policies.md#triattention (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Recorded choices: K includes the buffer (N_v = 512 at K = 2048, as the VaSE scri
 anyway; ``reserve = "all"`` is VaSE's original, which protects nothing: the reserve is chosen among all
 candidates with the first ``sinks`` slots forced into it. We sample in fp32 with Gumbel top-k where the
 reference samples with torch.multinomial, and every draw is seeded.
+
+See docs/policies.md#vase-attnv (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Redrawing G averages the sketch's error out across events instead of freezing on
 
 Recorded choice: the first ``sinks`` = 4 slots are always kept, as the VaSE code does: no effect when the
 protocol protects them already, and the attention sinks survive under ``protection: none``.
+
+See docs/policies.md#vase-dkv (every built-in policy's math, sources and recorded choices).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_wheel_maps_the_design_folders_into_one_package(tmp_path: Path) -> None:
+def test_wheel_maps_the_top_level_folders_into_one_package(tmp_path: Path) -> None:
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
         capture_output=True,

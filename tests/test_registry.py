@@ -33,7 +33,7 @@ BUILTINS = {
 }
 
 
-def test_every_builtin_of_the_design_is_registered() -> None:
+def test_every_builtin_policy_is_registered() -> None:
     assert set(known_policies()) >= BUILTINS
 
 
