@@ -54,11 +54,16 @@ class Arena:
         self.files = 0
         self.name = ""
         self.view: mmap.mmap | None = None
+        self.pending: dict[str, tuple[Tensor, int]] = {}
 
-    def place(self, tensors: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    def place(
+        self, tensors: dict[str, Tensor], later: frozenset[str] = frozenset()
+    ) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """Write the large CPU tensors into the arena: (their layout for the header, the ones left for the
-        pipe). The layout is empty when every tensor is small."""
+        pipe). The layout is empty when every tensor is small. Those named in ``later`` get their room but
+        are written only if ``deliver`` asks for them, before the next ``place``."""
         large = {k: t for k, t in tensors.items() if t.device.type == "cpu" and _bytes(t) >= SMALLEST}
+        self.pending = {}
         if not large:
             return {}, tensors
         offsets, end = {}, 0
@@ -70,15 +75,25 @@ class Arena:
                 self._grow(end)
             except OSError:  # the tmpfs is full (a container's /dev/shm is 64 MiB): the pipe carries all
                 return {}, tensors
+        self.pending = {k: (t, offsets[k]) for k, t in large.items() if k in later}
+        layout = self._write({k: (t, offsets[k]) for k, t in large.items() if k not in later})
+        left = {k: t for k, t in tensors.items() if k not in large}
+        return {"file": self.name, "tensors": layout, "later": sorted(self.pending)}, left
+
+    def deliver(self, names: list[str]) -> dict[str, Any]:
+        """Write tensors the last ``place`` held back, into the room it kept: their layout."""
+        chosen = {name: self.pending.pop(name) for name in names}
+        return {"file": self.name, "tensors": self._write(chosen), "later": sorted(self.pending)}
+
+    def _write(self, placed: dict[str, tuple[Tensor, int]]) -> dict[str, Any]:
         assert self.view is not None
         layout = {}
-        for name, t in large.items():
-            target = torch.frombuffer(self.view, dtype=t.dtype, count=t.numel(), offset=offsets[name])
+        for name, (t, offset) in placed.items():
+            target = torch.frombuffer(self.view, dtype=t.dtype, count=t.numel(), offset=offset)
             target.view(t.shape).copy_(t)
             dtype = str(t.dtype).removeprefix("torch.")
-            layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": offsets[name]}
-        left = {k: t for k, t in tensors.items() if k not in large}
-        return {"file": self.name, "tensors": layout}, left
+            layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": offset}
+        return layout
 
     def _grow(self, needed: int) -> None:
         """A new, larger file (the child maps it at its next request); the old one is unlinked at once, its

@@ -10,6 +10,7 @@ parent decides what it means.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
 from typing import Any
@@ -59,20 +60,30 @@ def _describe(policy: Any) -> dict[str, Any]:
 
 
 def serve(path: str, class_name: str) -> None:
-    policy: Any = None
+    """One instance of the scorer's class per hello (each run that uses this process makes its own, with
+    its parameters); a request names the instance it is for."""
+    instances: dict[int, Any] = {}
+    numbers = itertools.count()
 
     def hello(header: dict[str, Any]) -> dict[str, Any]:
-        nonlocal policy
         policy = load_file_policy(path, class_name).cls(**header.get("params", {}))
-        return _describe(policy)
+        number = next(numbers)
+        instances[number] = policy
+        return {**_describe(policy), "instance": number}
 
     def answer(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> wire.Frame:
+        if header["op"] == "hello":
+            return hello(header), {}
+        if header["op"] == "drop":
+            instances.pop(int(header["instance"]), None)
+            return {"ok": True}, {}
+        policy = instances[int(header["instance"])]
         if header["op"] == "score":
             view = messages.eviction_view(header, tensors)
             scores = policy.score(view)
             if not isinstance(scores, torch.Tensor):
                 raise TypeError(f"score returned {type(scores).__name__}, not a Tensor")
-            return messages.state_reply(view.state, scores)
+            return messages.state_reply(view.state, scores, view.tensors_read())
         step = messages.step_view(header, tensors)
         policy.observe(step)
         return messages.state_reply(step.state)

@@ -147,6 +147,11 @@ class ScorerProcess:
         self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes, self.arena)
         self.cpu = _CpuWatch(self.process, limits.start_seconds)
+        self.users = 0
+        """The IsolatedPolicy objects holding an instance here (kvbench.isolation.host's _shared)."""
+
+    def alive(self) -> bool:
+        return self._finalizer.alive and self.process.poll() is None
 
     def _drain(self, stream: Any) -> None:
         size = 0
@@ -170,10 +175,12 @@ class ScorerProcess:
         where: str,
         seconds: float,
         per: str = "event",
+        later: frozenset[str] = frozenset(),
     ) -> wire.Frame:
-        """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late."""
+        """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late.
+        The tensors named in ``later`` cross only if the scorer reads them (it asks, within the call)."""
         late = f"no answer within {seconds:g} s, the time limit per {per}"
-        layout, tensors = self.arena.place(tensors)
+        layout, tensors = self.arena.place(tensors, later)
         if layout:
             header = {**header, "arena": {**layout, "folder": ARENA_INSIDE}}
         return self._exchange(wire.encode(header, tensors), where, seconds, late)
@@ -186,6 +193,9 @@ class ScorerProcess:
             if request is not None:
                 self.pipes.write(request)
             header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
+            while header.get("op") == "fetch":  # the scorer reads a tensor held back: it crosses now
+                self.pipes.write(wire.encode({"arena": self._delivered(header), "ok": True}, {}))
+                header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
         except TimeoutError:
             self.close()
             raise ScorerError(
@@ -211,6 +221,12 @@ class ScorerProcess:
             raise ScorerError(f"{where} raised {name}: {message}{limit}\n" + "\n".join(detail))
         return header, tensors
 
+    def _delivered(self, header: dict[str, Any]) -> dict[str, Any]:
+        names = header.get("names")
+        if not isinstance(names, list) or not set(names) <= set(self.arena.pending):
+            raise wire.WireError(f"a fetch of {str(names)[:80]} that the request did not hold back")
+        return {**self.arena.deliver(names), "folder": ARENA_INSIDE}
+
     def _exit(self) -> str:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=2)
@@ -222,6 +238,26 @@ class ScorerProcess:
 
     def close(self) -> None:
         self._finalizer()
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[str, str, IsolationLimits], ScorerProcess] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _shared(source: bytes, class_name: str, label: str, limits: IsolationLimits) -> ScorerProcess:
+    """The running process of this scorer file and class under these limits, started if there is none.
+    Every run of one scorer in one kvbench process (the cells of a sweep, the runs of a bundle being
+    verified) makes its own instance of the class in it, so a process starts once, not once per run. The
+    runs are one submitter's code either way; what each run keeps between events lives in its layer state,
+    which the parent owns. A process that failed is never handed out again."""
+    key = (hashlib.sha256(source).hexdigest(), class_name, limits)
+    process = _SHARED.get(key)
+    if process is None or not process.alive():
+        process = ScorerProcess(source, class_name, label, limits)
+        _SHARED[key] = process
+        process.started(f"scorer {label}")
+    return process
 
 
 class _CpuWatch:
@@ -402,9 +438,11 @@ class IsolatedPolicy(Policy):
 
     def _start(self, params: dict[str, Any]) -> dict[str, Any]:
         label = f"{self.file_name}:{self.class_name}"
-        self.process = ScorerProcess(self.source, self.class_name, label, self.limits)
+        self.served = False
+        self.read: set[str] | None = None  # the view's tensors it has read; None: not known yet
         try:
-            self.process.started(f"scorer {label}")
+            self.process = _shared(self.source, self.class_name, label, self.limits)
+            self.process.users += 1
             hello, _ = self.process.call(
                 {"op": "hello", "params": params},
                 {},
@@ -414,13 +452,25 @@ class IsolatedPolicy(Policy):
             )
         except ScorerError as exc:  # it does not load: a problem of the file, named by its path here
             raise SpecError(str(exc).replace(f"{INSIDE}/scorer.py", self.path)) from None
+        self.instance = int(hello.get("instance", 0))
         return hello
 
     def _running(self) -> ScorerProcess:
-        if self.process is None:  # unpickled in another process (a Ray worker): start it there
+        # unpickled in another process (a Ray worker), or the shared process ended before this policy's
+        # first event (another run's scorer failed in it): an instance in a running process
+        if self.process is None or (not self.served and not self.process.alive()):
+            self.close()
             self._start(self.recorded)
         assert self.process is not None
+        self.served = True
         return self.process
+
+    def _call(self, request: wire.Frame, where: str, later: frozenset[str] = frozenset()) -> wire.Frame:
+        header, tensors = request
+        seconds = self.limits.seconds_per_call
+        return self._running().call(
+            {**header, "instance": self.instance}, tensors, where, seconds, later=later
+        )
 
     @property
     def query_window(self) -> int:
@@ -431,9 +481,12 @@ class IsolatedPolicy(Policy):
 
     def score(self, view: EvictionView) -> Tensor:
         where = f"policy {self.name!r} at layer {view.layer}, eviction event {view.event}"
-        header, tensors = self._running().call(
-            *messages.eviction_request(view), where, self.limits.seconds_per_call
-        )
+        # the view's tensors this scorer has never read cross only if it reads them (a copy less per event)
+        unread = frozenset(messages.ON_REQUEST) - self.read if self.read is not None else frozenset()
+        header, tensors = self._call(messages.eviction_request(view), where, unread)
+        read = header.get("read")
+        if isinstance(read, list):
+            self.read = (self.read or set()) | (set(map(str, read)) & set(messages.ON_REQUEST))
         if "scores" not in tensors:
             raise ScorerError(f"{where}: the scorer's process returned no scores")
         with _reading(where):
@@ -442,15 +495,21 @@ class IsolatedPolicy(Policy):
 
     def observe(self, step: StepView) -> None:
         where = f"policy {self.name!r} observing layer {step.layer} at step {step.step}"
-        header, tensors = self._running().call(
-            *messages.step_request(step), where, self.limits.seconds_per_call
-        )
+        header, tensors = self._call(messages.step_request(step), where)
         with _reading(where):
             _take_state(step.state, header, tensors, step.positions.shape[:2], where)
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.close()
+        """Release this policy's instance; the process stops with the last one."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.users -= 1
+        if process.users <= 0 or not process.alive():
+            process.close()
+            return
+        with contextlib.suppress(ScorerError):
+            process.call({"op": "drop", "instance": self.instance}, {}, "dropping an instance", 5.0)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**vars(self), "process": None}

@@ -67,24 +67,54 @@ def eviction_request(view: EvictionView) -> Message:
     return head, tensors
 
 
-def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> EvictionView:
+ON_REQUEST = ("keys", "values", "positions", "protected", "queries")
+"""The view's tensors an isolated scorer may leave unread: after its first event the parent sends those it
+has read, and the others only when it reads them (kvbench.isolation.serving's Arrivals)."""
+
+_FIELDS = {"keys": "keys", "values": "values", "positions": "positions", "protected": "protected"}
+
+
+def _arriving(field: str, name: str) -> property:
+    def read(view: ArrivingView) -> Any:
+        held = vars(view)
+        if field not in held:
+            held[field] = held["_arrivals"].get(name)
+            held["_read"].add(name)
+        return held[field]
+
+    return property(read, lambda view, value: None)  # the dataclass's __init__ sets it: read from arrivals
+
+
+class ArrivingView(EvictionView):
+    """An isolated scorer's view: each large tensor is taken from the request when first read (the parent
+    may have held it back, and sends it then), and the names read go back with the reply."""
+
+    keys = _arriving("keys", "keys")
+    values = _arriving("values", "values")
+    positions = _arriving("positions", "positions")
+    protected = _arriving("protected", "protected")
+    recent_queries = _arriving("recent_queries", "queries")
+
+    def tensors_read(self) -> list[str]:
+        return sorted(vars(self)["_read"])
+
+
+def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> ArrivingView:
     calibration = None
     if header.get("calibration") is not None:
         mean = torch.complex(tensors["calibration.mean_real"], tensors["calibration.mean_imag"])
         calibration = QueryStats(**header["calibration"], mean=mean, mean_abs=tensors["calibration.mean_abs"])
-    return EvictionView(
-        keys=tensors["keys"],
-        values=tensors["values"],
-        positions=tensors["positions"],
-        protected=tensors["protected"],
+    view = ArrivingView(
+        **dict.fromkeys(_FIELDS),  # type: ignore[arg-type]
         **{k: int(header[k]) for k in EVENT_SCALARS},
         model=_model_facts(header, tensors),
         state=layer_state(header, tensors),
         rngs=tuple(torch.Generator().manual_seed(int(seed)) for seed in header["seeds"]),
-        recent_queries=tensors.get("queries"),
         calibration=calibration,
         output_projection=tensors.get("output_projection"),
     )
+    vars(view).update(_arrivals=tensors, _read=set())
+    return view
 
 
 def step_request(step: StepView) -> Message:
@@ -105,6 +135,7 @@ def step_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> StepView:
     )
 
 
-def state_reply(state: LayerState, scores: Tensor | None = None) -> Message:
+def state_reply(state: LayerState, scores: Tensor | None = None, read: list[str] | None = None) -> Message:
     head, tensors = _state(state)
+    head |= {"read": read} if read is not None else {}
     return {"ok": True, **head}, tensors | ({"scores": scores} if scores is not None else {})

@@ -23,6 +23,26 @@ from kvbench.isolation.arena import ArenaReader
 MAX_REQUEST = 1 << 34
 
 
+class Arrivals(dict):
+    """A request's tensors, and those the parent held back (``later``), which cross when first read."""
+
+    def __init__(
+        self, tensors: dict[str, Tensor], later: list[str], fetch: Callable[[list[str]], dict[str, Tensor]]
+    ) -> None:
+        super().__init__(tensors)
+        self.later, self.fetch = set(later), fetch
+
+    def __missing__(self, name: str) -> Tensor:
+        if name not in self.later:
+            raise KeyError(name)
+        self.later.discard(name)
+        self.update(self.fetch([name]))
+        return self[name]
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in self or name in self.later else default
+
+
 def failure(exc: BaseException) -> dict[str, Any]:
     """An exception as a reply header: its name, message and the end of its trace."""
     frames = traceback.format_exception(exc)
@@ -59,6 +79,12 @@ def serve(
         return
     wire.write(replies, greeting, {})
     arena = ArenaReader()
+
+    def fetch(names: list[str]) -> dict[str, Tensor]:
+        wire.write(replies, {"op": "fetch", "names": names}, {})
+        header, tensors = wire.read(requests, MAX_REQUEST)
+        return {**tensors, **arena.tensors(header["arena"])}
+
     while True:
         try:
             header, tensors = wire.read(requests, MAX_REQUEST)
@@ -67,9 +93,12 @@ def serve(
         if header.get("op") == "close":
             return
         try:
+            later: list[str] = []
             if "arena" in header:  # the large tensors, in the file both sides map (kvbench.isolation.arena)
-                tensors = {**tensors, **arena.tensors(header.pop("arena"))}
-            data = wire.encode(*answer(header, tensors))
+                spec = header.pop("arena")
+                tensors = {**tensors, **arena.tensors(spec)}
+                later = [str(name) for name in spec.get("later", [])]
+            data = wire.encode(*answer(header, Arrivals(tensors, later, fetch)))
         except BaseException as exc:
             data = wire.encode(failure(exc), {})
         replies.write(data)

@@ -55,6 +55,32 @@ def test_large_tensors_cross_in_place_and_small_ones_stay_in_the_frame() -> None
     assert not arena.folder.exists()
 
 
+def test_tensors_held_back_cross_only_when_delivered_and_nothing_else_can_be_asked_for() -> None:
+    from types import SimpleNamespace
+
+    from kvbench.isolation.host import ScorerProcess
+
+    arena, reader = Arena(), ArenaReader()
+    try:
+        sent = tensors(1)
+        layout, _ = arena.place(sent, later=frozenset({"keys", "protected"}))
+        assert set(layout["tensors"]) == {"positions"} and layout["later"] == ["keys", "protected"]
+        process = SimpleNamespace(arena=arena)
+        for names in (["small"], ["positions"], ["../1.arena"], "keys"):  # not held back, or not a list
+            with pytest.raises(WireError, match="that the request did not hold back"):
+                ScorerProcess._delivered(process, {"names": names})  # type: ignore[arg-type]
+        delivered = ScorerProcess._delivered(process, {"names": ["keys"]})  # type: ignore[arg-type]
+        assert delivered["later"] == ["protected"] and set(delivered["tensors"]) == {"keys"}
+        got = reader.tensors({**layout, "folder": str(arena.folder)})
+        got |= reader.tensors({**delivered, "folder": str(arena.folder)})
+        assert torch.equal(got["keys"], sent["keys"]) and torch.equal(got["positions"], sent["positions"])
+        arena.place(tensors(1))  # the next request: what the last one held back can no longer be asked for
+        with pytest.raises(WireError, match="did not hold back"):
+            ScorerProcess._delivered(process, {"names": ["protected"]})  # type: ignore[arg-type]
+    finally:
+        arena.close()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -107,6 +133,40 @@ def test_scores_through_the_arena_are_the_in_process_scorers(tmp_path: Path) -> 
     assert apart.process is not None and apart.process.arena.files >= 1  # the arena carried them
     for here_positions, apart_positions in zip(*kept, strict=True):
         assert torch.equal(here_positions, apart_positions)
+
+
+SOMETIMES_VALUES = """
+from kvbench import EvictionView, Policy, policy
+
+@policy("sometimes-values")
+class SometimesValues(Policy):
+    def score(self, view: EvictionView):
+        scores = view.keys.float().norm(dim=-1)
+        if view.event % 2 == 1:  # the values from the second event on: they cross when it reads them
+            scores = scores + view.values.float().norm(dim=-1)
+        return scores
+"""
+
+
+@needs_sandbox
+def test_a_scorer_is_sent_the_view_tensors_it_reads_and_the_others_when_it_reads_them(tmp_path: Path) -> None:
+    path = scorer(tmp_path, SOMETIMES_VALUES)
+    apart = started_policy(path, "SometimesValues", {})
+    here = make_policy(f"{path}:SometimesValues")
+    kept, read = [], []
+    for policy in (here, apart):
+        model = synthetic_model(layers=2, q_heads=4, kv_heads=2, head_dim=64)
+        schedule = Schedule(budget=256, buffer=32)
+        backend = RecordingBackend(policy, schedule, model, prompt_len=8, row_seeds=[3, 7])
+        for _ in range(400):
+            backend.step()
+            if policy is apart and backend.evictor.stats.events == 1:  # event 0, both layers: keys only
+                read.append(set(apart.read or ()))
+        assert backend.evictor.stats.events >= 4
+        kept.append([layer.positions.clone() for layer in backend.layers])
+    for here_positions, apart_positions in zip(*kept, strict=True):
+        assert torch.equal(here_positions, apart_positions)
+    assert read[0] == {"keys"} and apart.read == {"keys", "values"}
 
 
 @needs_sandbox

@@ -210,9 +210,9 @@ def test_the_scorer_runs_as_a_fresh_unprivileged_user(tmp_path: Path) -> None:
         assert uid not in (0, 65534), child
     else:  # an unprivileged host starts bubblewrap as itself
         assert uid == os.getuid(), child
-    other = hostile(tmp_path, "pass")
+    other = hostile(tmp_path, "pass  # another scorer file")
     run_through(other, steps=20)
-    assert child_of(other)["uids"] != child["uids"] or os.geteuid() != 0  # a fresh one each time
+    assert child_of(other)["uids"] != child["uids"] or os.geteuid() != 0  # a fresh one for each scorer
     counted = sum(p["threads"] for p in sandboxed(policy) if p["uids"] == child["uids"])
     print(f"processes and threads of the scorer's user after scoring: {counted}")
     assert counted <= LIMITS.processes // 2  # the cap leaves room

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -79,12 +80,14 @@ def test_the_scorer_reaches_no_file_no_network_and_no_environment_outside(tmp_pa
     results.mkdir()
     (results / "secret.txt").write_text("the null's outputs")
     os.environ["KVBENCH_TEST_SECRET"] = "hunter2"
+    # kvbench's own Python, bound read-only (a home folder under /tmp would meet the sandbox's own /tmp)
+    planted = Path(sys.prefix) / "planted"
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     try:
         for attempt, expected in [
             (f"open({str(results / 'secret.txt')!r}).read()", "FileNotFoundError"),
-            (f"open({str(Path.home() / 'planted')!r}, 'w')", "OSError: [Errno 30] Read-only file system"),
+            (f"open({str(planted)!r}, 'w')", "OSError: [Errno 30] Read-only file system"),
             (f"socket.create_connection(('127.0.0.1', {port}), timeout=1)", "ConnectionRefusedError"),
             (
                 "assert 'KVBENCH_TEST_SECRET' not in os.environ, 'saw it'\nraise RuntimeError('contained')",
@@ -96,10 +99,40 @@ def test_the_scorer_reaches_no_file_no_network_and_no_environment_outside(tmp_pa
                 pytest.fail(f"the scorer did {attempt!r}")
             assert "policy 'hostile' at layer 0, eviction event 0 raised" in str(raised.value)
             assert expected in str(raised.value), str(raised.value)
-        assert not (Path.home() / "planted").exists()
+        assert not planted.exists()
     finally:
         listener.close()
         del os.environ["KVBENCH_TEST_SECRET"]
+
+
+def test_runs_of_one_scorer_share_its_process_each_with_its_own_instance(tmp_path: Path) -> None:
+    """A sweep's cells, or a bundle's runs under verification, start the scorer's process once."""
+    path = scorer(tmp_path, STATEFUL)
+    first = started_policy(path, "AccumulatingJitter", {"jitter": 0.0})
+    began = time.monotonic()
+    second = started_policy(path, "AccumulatingJitter", {"jitter": 0.5})
+    print(f"second run's start: {time.monotonic() - began:.3f} s")
+    assert second.process is first.process and first.process is not None
+    assert time.monotonic() - began < 0.5  # a hello, not a process start
+    for policy, jitter in ((first, 0.0), (second, 0.5), (first, 0.0)):  # interleaved, each its own
+        local = run_through(load_file_policy(str(path), "AccumulatingJitter").cls(jitter=jitter), steps=12)
+        apart = run_through(policy, steps=12)
+        for ours, theirs in zip(local.layers, apart.layers, strict=True):
+            assert torch.equal(ours.positions, theirs.positions)
+    shared = first.process
+    first.close()
+    assert shared.alive()  # the second run still holds it
+    run_through(second, steps=12)
+    unused = started_policy(path, "AccumulatingJitter", {"jitter": 0.0})
+    shared.process.kill()  # the shared process ends before this run's first event: it gets a new one
+    shared.process.wait()
+    run_through(unused, steps=12)
+    assert unused.process is not shared and unused.process is not None and unused.process.alive()
+    with pytest.raises(ScorerError, match="no longer running"):  # a run it served cannot go on
+        run_through(second, steps=12)
+    second.close()
+    unused.close()
+    assert not shared.alive()
 
 
 @pytest.mark.parametrize(
