@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kvbench.policies.scoring import Scratch
+
 SCREEN_MARGIN = 1 / 32
 """Above the largest gap between a bf16 product of unit vectors and the fp32 one: rounding each input to
 bf16 moves a product by at most 2·2⁻⁸ of Σ|u_i||u_j| ≤ 1, rounding the fp32 sum to bf16 by 2⁻⁸; 0.012
@@ -35,22 +37,30 @@ find their match there, and the rest search the screened blocks."""
 _MASKED = -(2**15)  # the smallest int16: a bf16 -0.0, below every level compared with
 
 
-def newest_near_duplicates(unit: Tensor, threshold: float) -> Tensor:
-    """[G, n] index of each row's newest other row with cosine > threshold, −1 where none; unit [G, n, D]
-    holds a few groups (KV heads of batch rows) at a time, so that a [G, n, COLUMNS] block stays small."""
-    groups, n, _ = unit.shape
+def newest_near_duplicates(
+    unit: Tensor, threshold: float, scratch: Scratch | None = None
+) -> tuple[Tensor, Tensor]:
+    """[G, n] index of each row's newest other row with cosine > threshold (−1 where none), and [G, n]
+    that cosine in fp32 (0 where none); unit [G, n, D] holds a few groups (KV heads of batch rows) at a
+    time, so that a [G, n, COLUMNS] block stays small, and ``scratch`` is reused from one call to the next."""
+    scratch = scratch or Scratch()
+    groups, n, dim = unit.shape
     newest = torch.full((groups, n), -1, dtype=torch.long, device=unit.device)
+    similarity = torch.zeros(groups, n, device=unit.device)
     screened = max(0, n - EXACT_COLUMNS)  # columns [0, screened) are screened first
     middle = max(0, n - EXACT_COLUMNS // 4)
     for start, end in ((middle, n), (screened, middle)):
         if end > start and bool((newest < 0).any()):
-            _match_exactly(unit, _compacted(newest < 0), start, end, threshold, newest)
+            _match_exactly(unit, _compacted(newest < 0), start, end, threshold, newest, similarity)
     if screened == 0:
-        return newest
-    coarse = unit.bfloat16()
+        return newest, similarity
+    coarse = scratch.take("coarse", (groups, n, dim), torch.bfloat16, unit.device)
+    coarse.copy_(unit)
+    columns = scratch.take("columns", (groups, dim, n), torch.bfloat16, unit.device)
+    columns.copy_(coarse.mT)  # a block of columns is then a slice the product reads in place
     levels = _level(threshold - SCREEN_MARGIN, below=True), _level(threshold + SCREEN_MARGIN, below=False)
     # where every row still searches (keys with few near-duplicates), the screen's symmetry halves it
-    maxima = _block_maxima(coarse, screened) if bool((newest < 0).all()) else None
+    maxima = _block_maxima(coarse, columns, screened, scratch) if bool((newest < 0).all()) else None
     pad = (-screened) % COLUMNS
     for block in reversed(range((screened + pad) // COLUMNS)):
         start, end = max(0, block * COLUMNS - pad), (block + 1) * COLUMNS - pad
@@ -58,11 +68,12 @@ def newest_near_duplicates(unit: Tensor, threshold: float) -> Tensor:
         if maxima is not None:
             searching &= maxima[:, :, block] > levels[0]
         if bool(searching.any()):
-            _match_screened(unit, coarse, _compacted(searching), start, end, threshold, levels, newest)
-    return newest
+            rows = _compacted(searching)
+            _match_screened(unit, coarse, columns, rows, start, end, threshold, levels, newest, similarity)
+    return newest, similarity
 
 
-def _block_maxima(coarse: Tensor, region: int) -> Tensor:
+def _block_maxima(coarse: Tensor, columns: Tensor, region: int, scratch: Scratch) -> Tensor:
     """[G, n, blocks] int16: each row's largest screened similarity (as bf16 bits) in each block of
     COLUMNS of the columns [0, region), blocks counted from a start padded with zero keys. The rows of
     the region are screened against one another once, row block a against blocks ≤ a: the same product
@@ -71,16 +82,24 @@ def _block_maxima(coarse: Tensor, region: int) -> Tensor:
     groups, n, dim = coarse.shape
     pad = (-region) % COLUMNS
     blocks = (region + pad) // COLUMNS
-    padded = torch.cat([coarse.new_zeros(groups, pad, dim), coarse[:, :region]], dim=1)
+    padded, padded_columns = coarse[:, :region], columns[:, :, :region]
+    if pad:
+        padded = torch.cat([coarse.new_zeros(groups, pad, dim), padded], dim=1)
+        padded_columns = torch.cat([columns.new_zeros(groups, dim, pad), padded_columns], dim=2)
     maxima = torch.empty(groups, pad + n, blocks, dtype=torch.int16, device=coarse.device)
     diagonal = torch.arange(COLUMNS, device=coarse.device)
+    # one buffer for every block's products: growing sizes, each allocated anew, would each be mapped
+    # and zeroed page by page (see kvbench.policies.scoring.CHUNK_BYTES)
+    space = scratch.take("products", (groups * COLUMNS * (region + pad),), coarse.dtype, coarse.device)
     for a in range(blocks):
         rows = slice(a * COLUMNS, (a + 1) * COLUMNS)
-        products = torch.bmm(padded[:, rows], padded[:, : rows.stop].mT).view(torch.int16)
+        products = space[: groups * COLUMNS * rows.stop].view(groups, COLUMNS, rows.stop)
+        torch.bmm(padded[:, rows], padded_columns[:, :, : rows.stop], out=products)
+        products = products.view(torch.int16)
         products[:, diagonal, rows.start + diagonal] = _MASKED
         maxima[:, rows, : a + 1] = products.view(groups, COLUMNS, a + 1, COLUMNS).amax(dim=-1)
         maxima[:, : rows.start, a] = products[:, :, : rows.start].amax(dim=1)
-    later = torch.bmm(coarse[:, region:], padded.mT).view(torch.int16)  # the exact columns' own rows
+    later = torch.bmm(coarse[:, region:], padded_columns).view(torch.int16)  # the exact columns' own rows
     maxima[:, pad + region :] = later.view(groups, n - region, blocks, COLUMNS).amax(dim=-1)
     return maxima[:, pad:]
 
@@ -120,27 +139,33 @@ def _compacted(searching: Tensor) -> _Rows:
     return _Rows(searching.byte().argsort(dim=-1, descending=True, stable=True)[:, :width], real, every=False)
 
 
-def _match_exactly(unit: Tensor, rows: _Rows, start: int, end: int, threshold: float, newest: Tensor) -> None:
+def _match_exactly(
+    unit: Tensor, rows: _Rows, start: int, end: int, threshold: float, newest: Tensor, similarity: Tensor
+) -> None:
     exact = torch.bmm(rows.of(unit), unit[:, start:end].mT)  # [g, w, c] fp32
     exact[rows.own_column(start, end)] = -torch.inf
     column = torch.arange(end - start, device=unit.device, dtype=torch.int16)
-    matched = torch.where(exact > threshold, column, -1).amax(dim=-1)
+    matched = torch.where(exact > threshold, column, -1).amax(dim=-1).long()
     g_idx, r_idx = ((matched >= 0) & rows.real).nonzero(as_tuple=True)
-    newest[g_idx, rows.rows[g_idx, r_idx]] = start + matched[g_idx, r_idx].long()
+    row_of, column_of = rows.rows[g_idx, r_idx], matched[g_idx, r_idx]
+    newest[g_idx, row_of] = start + column_of
+    similarity[g_idx, row_of] = exact[g_idx, r_idx, column_of]
 
 
 def _match_screened(
     unit: Tensor,
     coarse: Tensor,
+    columns: Tensor,
     rows: _Rows,
     start: int,
     end: int,
     threshold: float,
     levels: tuple[int, int],
     newest: Tensor,
+    similarity: Tensor,
 ) -> None:
     low, high = levels
-    screen = torch.bmm(rows.of(coarse), coarse[:, start:end].mT).view(torch.int16)  # bf16 bits
+    screen = torch.bmm(rows.of(coarse), columns[:, :, start:end]).view(torch.int16)  # bf16 bits
     screen[rows.own_column(start, end)] = _MASKED
     flagged = (screen.amax(dim=-1) > low) & rows.real
     if not bool(flagged.any()):
@@ -155,7 +180,9 @@ def _match_screened(
     checked = torch.where(exact > threshold, j_idx, -1).to(torch.int16)
     matched = surely.scatter_reduce(0, p_idx, checked, "amax").long()
     found = matched >= 0
-    newest[g_idx[found], row_of[found]] = start + matched[found]
+    g_found, row_found, column_found = g_idx[found], row_of[found], start + matched[found]
+    newest[g_found, row_found] = column_found
+    similarity[g_found, row_found] = (unit[g_found, row_found] * unit[g_found, column_found]).sum(dim=-1)
 
 
 def _level(value: float, below: bool) -> int:

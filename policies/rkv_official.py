@@ -19,12 +19,11 @@ See docs/policies.md#rkv-official (every built-in policy's math, sources and rec
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy, policy
-from kvbench.policies.near_duplicates import newest_near_duplicates, rows_of
-from kvbench.policies.scoring import heads_per_chunk, window_attention
+from kvbench.policies.near_duplicates import newest_near_duplicates
+from kvbench.policies.scoring import Scratch, heads_per_chunk, window_attention
 
 
 def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
@@ -34,14 +33,18 @@ def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
     batch, heads, n, dim = keys.shape
     flat = keys.reshape(batch * heads, n, dim)
     column_sums = flat.new_empty(batch * heads, n, dtype=torch.float32)
-    step = heads_per_chunk(n * dim)
+    step, scratch = heads_per_chunk(n * dim), Scratch()
     for first in range(0, batch * heads, step):
-        unit = F.normalize(flat[first : first + step].float(), dim=-1)  # [g, n, D]
-        sums = (unit * unit.sum(dim=1, keepdim=True)).sum(dim=-1) - unit.square().sum(dim=-1)
-        zeroed = newest_near_duplicates(unit, threshold).clamp(min=0)  # a row with none zeroes its slot 0
-        entries = (unit * rows_of(unit, zeroed)).sum(dim=-1)
-        entries[:, 0].masked_fill_(zeroed[:, 0] == 0, 0.0)  # row 0's slot 0 is its diagonal, left out
-        column_sums[first : first + step] = sums.scatter_add_(1, zeroed, -entries)
+        part = flat[first : first + step]
+        norms = torch.linalg.vector_norm(part, dim=-1, keepdim=True, dtype=torch.float32)
+        unit = scratch.take("unit", part.shape, torch.float32, part.device)
+        torch.div(part, norms.clamp_min(1e-12), out=unit)  # F.normalize, into a buffer every chunk reuses
+        sums = torch.bmm(unit, unit.sum(dim=1)[..., None])[..., 0] - (norms[..., 0] > 0).float()
+        newest, similarity = newest_near_duplicates(unit, threshold, scratch)
+        to_first = torch.bmm(unit, unit[:, :1].mT)[..., 0]  # a row with none zeroes its slot 0 instead
+        entries = torch.where(newest >= 0, similarity, to_first)
+        entries[:, 0].masked_fill_(newest[:, 0] < 0, 0.0)  # row 0's slot 0 is its diagonal, left out
+        column_sums[first : first + step] = sums.scatter_add_(1, newest.clamp(min=0), -entries)
     return (column_sums.view(batch, heads, n) / n).softmax(dim=-1)
 
 

@@ -43,6 +43,22 @@ the allocator maps anew at each event and the kernel zeroes page by page before 
 again from memory; row by row the values are the same (each row is its own matrix product)."""
 
 
+class Scratch:
+    """Buffers that one call reuses for each of its chunks. A fresh buffer of a few MiB is mapped anew and
+    zeroed page by page by the kernel: at K = 2048 an elementwise op on one chunk of keys cost as much
+    in page faults as in arithmetic."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        count = math.prod(shape)
+        buffer = self.held.get(name)
+        if buffer is None or buffer.numel() < count or buffer.dtype != dtype or buffer.device != device:
+            buffer = self.held[name] = torch.empty(count, dtype=dtype, device=device)
+        return buffer[:count].view(shape)
+
+
 def heads_per_chunk(floats_per_head: int) -> int:
     """How many (batch row, KV head) pairs one chunk takes when each holds ``floats_per_head`` fp32 values."""
     return max(1, CHUNK_BYTES // (4 * max(floats_per_head, 1)))

@@ -362,6 +362,7 @@ class _Pipes:
 
     def __init__(self, stdin: int, stdout: int) -> None:
         self.stdin, self.stdout, self.deadline = stdin, stdout, 0.0
+        self.unread = memoryview(b"")  # what one read brought past the bytes asked for
         self.readable, self.writable = selectors.DefaultSelector(), selectors.DefaultSelector()
         for fd, selector, event in ((stdout, self.readable, selectors.EVENT_READ),
                                     (stdin, self.writable, selectors.EVENT_WRITE)):  # fmt: skip
@@ -369,8 +370,13 @@ class _Pipes:
             selector.register(fd, event)
 
     def read(self, count: int) -> bytes:
-        self._wait(self.readable)
-        return os.read(self.stdout, min(count, 1 << 24))
+        """Up to ``count`` bytes; a frame's lengths, header and payload come from as few reads as the pipe
+        allows (each read takes what is there: a pipe holds 64 KiB)."""
+        if not self.unread:
+            self._wait(self.readable)
+            self.unread = memoryview(os.read(self.stdout, min(max(count, 1 << 16), 1 << 24)))
+        chunk, self.unread = self.unread[:count], self.unread[count:]
+        return bytes(chunk)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)

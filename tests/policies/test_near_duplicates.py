@@ -18,6 +18,16 @@ def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.where(similar.any(-1), n - 1 - similar.flip(-1).int().argmax(-1), -1)
 
 
+def searched(unit: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The search's newest matches, after checking the cosines it returns with them."""
+    newest, similarity = newest_near_duplicates(unit, threshold)
+    found = newest >= 0
+    expected = (unit * unit.gather(1, newest.clamp(min=0)[..., None].expand_as(unit))).sum(-1)
+    assert torch.allclose(similarity[found], expected[found], atol=1e-6)
+    assert torch.equal(similarity[~found], torch.zeros_like(similarity[~found]))
+    return newest
+
+
 def planted(n: int, dim: int, pairs: int, seed: int, cosines: tuple[float, float]) -> torch.Tensor:
     """Isotropic keys (no row matches among the newest columns, so the symmetric screen runs) with
     ``pairs`` older keys rewritten to a cosine drawn from ``cosines`` with another old key."""
@@ -39,7 +49,7 @@ def planted(n: int, dim: int, pairs: int, seed: int, cosines: tuple[float, float
 def test_isotropic_keys_with_planted_pairs_around_the_threshold(n: int) -> None:
     unit = planted(n, 128, pairs=n // 10, seed=n, cosines=(0.45, 0.55))
     assert (brute_force(unit, 0.5) >= 0).any() or n < 100
-    assert torch.equal(newest_near_duplicates(unit, 0.5), brute_force(unit, 0.5))
+    assert torch.equal(searched(unit, 0.5), brute_force(unit, 0.5))
 
 
 def test_pairs_closer_to_the_threshold_than_bf16_resolves() -> None:
@@ -47,7 +57,7 @@ def test_pairs_closer_to_the_threshold_than_bf16_resolves() -> None:
     unit = planted(1200, 128, pairs=300, seed=7, cosines=(0.499, 0.501))
     expected = brute_force(unit, 0.5)
     assert int((expected >= 0).sum()) > 100
-    assert torch.equal(newest_near_duplicates(unit, 0.5), expected)
+    assert torch.equal(searched(unit, 0.5), expected)
 
 
 @pytest.mark.parametrize("threshold", [-0.2, 0.0, 0.01, 0.5, 0.9, 0.999])
@@ -58,14 +68,14 @@ def test_keys_where_most_rows_match_among_the_newest(threshold: float) -> None:
     shared = torch.linspace(0, 3, 900)[:, None] * torch.randn(32, generator=gen)
     keys = torch.randn(2, 900, 32, generator=gen) + shared
     unit = F.normalize(keys, dim=-1)
-    assert torch.equal(newest_near_duplicates(unit, threshold), brute_force(unit, threshold))
+    assert torch.equal(searched(unit, threshold), brute_force(unit, threshold))
 
 
 def test_exact_duplicates_and_zero_keys() -> None:
     gen = torch.Generator().manual_seed(2)
     unit = F.normalize(torch.randn(2, 60, 16, generator=gen), dim=-1).repeat(1, 12, 1)  # each key 12 times
     unit[:, 100:110] = 0.0
-    assert torch.equal(newest_near_duplicates(unit, 0.5), brute_force(unit, 0.5))
+    assert torch.equal(searched(unit, 0.5), brute_force(unit, 0.5))
 
 
 @pytest.mark.parametrize("dim", [4, 64, 128])
