@@ -30,7 +30,7 @@ CACHED_RESAMPLES = 2**23
 """Resample matrices up to this many entries (64 MiB) are kept, six at most; larger ones are redrawn."""
 
 
-def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
+def resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
     """[draws, n]: how often each of n problems appears in each bootstrap resample.
 
     The resamples depend only on (n, draws, seed), so a table's many intervals over the same problems
@@ -43,7 +43,7 @@ def _resample_counts(n: int, draws: int, seed: int) -> np.ndarray:
     return counts
 
 
-_cached_counts = lru_cache(maxsize=6)(_resample_counts)
+_cached_counts = lru_cache(maxsize=6)(resample_counts)
 
 
 def bootstrap_mean(
@@ -54,7 +54,7 @@ def bootstrap_mean(
     if values.size == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
     n = values.size
-    resample = _cached_counts if n * draws <= CACHED_RESAMPLES else _resample_counts
+    resample = _cached_counts if n * draws <= CACHED_RESAMPLES else resample_counts
     counts = resample(n, draws, seed)
     means = counts @ values / n
     tail = (1 - level) / 2 * 100
@@ -62,10 +62,51 @@ def bootstrap_mean(
     return Estimate(float(values.mean()), float(low), float(high), int(values.size))
 
 
-def paired_difference(arm: Mapping[Any, float], other: Mapping[Any, float], **kwargs: Any) -> Estimate:
-    """Mean over shared problems of arm − other, with a bootstrap CI over those problems."""
+def _counts(n: int, draws: int, seed: int) -> np.ndarray:
+    return (_cached_counts if n * draws <= CACHED_RESAMPLES else resample_counts)(n, draws, seed)
+
+
+TIE_TOLERANCE = 1e-9
+"""Two scores closer than this (relative to the larger of 1 and their size) are a tie: 0.1 + 0.2 and
+0.3 differ by 5.6e-17, a rounding error of the sums that make a mean, never a win."""
+
+
+def paired_deltas(arm: Mapping[Any, float], other: Mapping[Any, float]) -> np.ndarray:
+    """arm − other on the problems both have (sorted by problem), ties within TIE_TOLERANCE set to 0."""
     shared = sorted(set(arm) & set(other))
-    return bootstrap_mean(np.array([arm[p] - other[p] for p in shared]), **kwargs)
+    a = np.array([arm[p] for p in shared], dtype=float)
+    b = np.array([other[p] for p in shared], dtype=float)
+    deltas = a - b
+    tied = np.abs(deltas) <= TIE_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
+    return np.where(tied, 0.0, deltas)
+
+
+def mean_difference(
+    deltas: Sequence[float] | np.ndarray,
+    *,
+    bounded: bool = False,
+    draws: int = DRAWS,
+    seed: int = SEED,
+    level: float = 0.95,
+) -> Estimate:
+    """Mean of paired per-problem differences with the studentized bootstrap's interval
+    (kvbench.results.bootstrap_t); ``bounded``: scores in [0, 1], so differences in [−1, 1]."""
+    from kvbench.results import bootstrap_t
+
+    deltas = np.asarray(deltas, dtype=float)
+    if deltas.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    bounds = bootstrap_t.BOUNDED if bounded else bootstrap_t.UNBOUNDED
+    s = bootstrap_t.studentize(deltas, _counts(deltas.size, draws, seed), bounds)
+    low, high = bootstrap_t.interval(s, level)
+    return Estimate(float(deltas.mean()), float(low[0]), float(high[0]), int(deltas.size))
+
+
+def paired_difference(
+    arm: Mapping[Any, float], other: Mapping[Any, float], *, bounded: bool = False, **kwargs: Any
+) -> Estimate:
+    """Mean over shared problems of arm − other, with the studentized bootstrap's interval over them."""
+    return mean_difference(paired_deltas(arm, other), bounded=bounded, **kwargs)
 
 
 def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], float]:
@@ -77,11 +118,19 @@ def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], floa
     return {(task, problem): value for task, scores in tasks.items() for problem, value in scores.items()}
 
 
-Verdict = Literal["beats null", "equivalent to null", "inconclusive", "loses to null"]
+Verdict = Literal[
+    "beats null", "practically equivalent", "equivalent to null", "inconclusive", "loses to null"
+]
 Decision = Literal["beats null", "equivalent to null", "loses to null"]
 """A decided verdict: what a count of problems needed is for."""
 
 ALPHA = 0.05
+MIN_EQUIVALENCE_PROBLEMS = 30
+"""Below this many problems a continuous metric is never declared equivalent: a failure on 10% of
+problems goes unseen in 30 problems 4.2% of the time (0.9³⁰), under α, and in 10 problems 35% of the
+time; no test of the differences it has seen can account for a failure it has not. The exact test of a
+pass/fail metric needs no such floor: its own minimum follows from the margin (all n problems tied has
+probability up to (1 − margin)ⁿ, so 149 problems at a margin of 0.02)."""
 POWER = 0.8
 """The power the minimum detectable effect and the problems needed are quoted at."""
 
@@ -105,27 +154,65 @@ class PowerPlan:
     instead, since the verdict rule asks the sign test first."""
 
 
+Method = Literal["exact", "bootstrap-t"]
+"""How the mean difference was tested: ``exact`` for one pass/fail sample per problem (differences −1,
+0, +1: kvbench.results.exact_pairs), ``bootstrap-t`` otherwise (kvbench.results.bootstrap_t)."""
+
+
 @dataclass(frozen=True)
 class PairedComparison:
     """A policy against a baseline on the problems both arms share, matched by problem id."""
 
     difference: Estimate
+    """The mean difference and its 95% interval: the exact one for a pass/fail metric with one sample per
+    problem, the studentized bootstrap's otherwise."""
     wins: int
     ties: int
+    """Problems whose scores differ by no more than TIE_TOLERANCE."""
     losses: int
     p_value: float
     """Exact two-sided sign test on the non-tied problems (scipy.stats.binomtest)."""
     excluded: tuple[Hashable, ...]
     """Problems present in only one arm: left out, and reported."""
     p_adjusted: float | None = None
+    """p_difference, Holm-corrected across the family."""
     verdict: Verdict | None = None
     margin: float = math.nan
-    """The protocol's equivalence margin, in the task's metric."""
+    """The equivalence margin, in the metric's units (NaN: none, no equivalence test)."""
     p_equivalence: float = 1.0
-    """Two one-sided t-tests (TOST) of the per-problem differences against ±margin: the larger p."""
+    """Two one-sided tests (TOST) of the mean difference against ±margin, the larger p: exact for a
+    pass/fail metric, bootstrap-t otherwise (1 below MIN_EQUIVALENCE_PROBLEMS: not tested)."""
     p_equivalence_adjusted: float | None = None
     spread: float = math.nan
     """The standard deviation of the per-problem differences (n − 1 in the denominator)."""
+    p_mean: float = 1.0
+    """Two-sided test that the mean difference is 0, the test the shown interval inverts: 0 lies outside
+    the 95% interval exactly when p_mean < 0.05."""
+    method: Method = "bootstrap-t"
+    family: str = "table"
+    """What the Holm correction ran over (kvbench.results.families)."""
+    family_size: int = 1
+
+    @property
+    def p_difference(self) -> float:
+        """The test behind *beats* and *loses*: both the sign test (more problems won than lost) and the
+        mean test (the mean difference, the Δ shown) must reject, in the same direction; its p is the
+        larger of the two (an intersection-union test, at level α without correction). Where the two
+        point different ways it is 1."""
+        agree = (self.wins > self.losses and self.difference.value > 0) or (
+            self.wins < self.losses and self.difference.value < 0
+        )
+        return max(self.p_value, self.p_mean) if agree else 1.0
+
+    @property
+    def differing(self) -> int:
+        """Problems on which the two arms differ (beyond TIE_TOLERANCE)."""
+        return self.wins + self.losses
+
+    @property
+    def inside_margin(self) -> bool:
+        """The mean difference lies inside ±margin (a *beats* that small is noted as such)."""
+        return self.margin > 0 and abs(self.difference.value) < self.margin
 
     @property
     def discordance(self) -> float:
@@ -157,52 +244,76 @@ class PairedComparison:
 
 
 def compare_arms(
-    arm: Mapping[Any, float], baseline: Mapping[Any, float], margin: float = math.nan, **kwargs: Any
+    arm: Mapping[Any, float],
+    baseline: Mapping[Any, float],
+    margin: float = math.nan,
+    *,
+    bounded: bool | None = None,
+    binary: bool | None = None,
+    draws: int = DRAWS,
+    seed: int = SEED,
 ) -> PairedComparison:
     """Per-problem scores of two arms (problem id -> mean over samples) compared on shared problems.
 
-    ``margin`` is the protocol's equivalence margin (NaN: no equivalence test, no problems needed).
+    ``margin`` is the equivalence margin in the metric's units (NaN: no equivalence test, no problems
+    needed). ``bounded``: the metric's scores lie in [0, 1] (None: whether every score here does);
+    ``binary``: one pass/fail sample per problem, tested exactly (None: whether every score is 0 or 1).
     """
     from scipy.stats import binomtest
 
+    from kvbench.results import bootstrap_t, exact_pairs
+
     shared = sorted(set(arm) & set(baseline))
     excluded = tuple(sorted(set(arm) ^ set(baseline)))
-    deltas = np.array([arm[p] - baseline[p] for p in shared])
+    scores = np.array([[arm[p], baseline[p]] for p in shared], dtype=float).reshape(-1, 2)
+    if binary is None:
+        binary = bool(scores.size) and bool(np.isin(scores, (0.0, 1.0)).all())
+    if bounded is None:
+        bounded = binary or bool(((scores >= 0) & (scores <= 1)).all())
+    deltas = paired_deltas(arm, baseline)
+    n = deltas.size
     wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
     decided = wins + losses
     p_value = float(binomtest(wins, decided, 0.5).pvalue) if decided else 1.0
+    testable = margin > 0 and n > 0
+    if binary and n:
+        low, high = exact_pairs.interval(wins, losses, n)
+        difference = Estimate(float(deltas.mean()), low, high, n)
+        upper, lower = exact_pairs.upper_p(wins, losses, n, 0.0), exact_pairs.lower_p(wins, losses, n, 0.0)
+        p_mean = min(1.0, 2 * min(upper, lower))
+        p_equivalence = exact_pairs.equivalence_p(wins, losses, n, margin) if testable else 1.0
+    elif n:
+        bounds = bootstrap_t.BOUNDED if bounded else bootstrap_t.UNBOUNDED
+        s = bootstrap_t.studentize(deltas, _counts(n, draws, seed), bounds)
+        interval = bootstrap_t.interval(s)
+        difference = Estimate(float(deltas.mean()), float(interval[0][0]), float(interval[1][0]), n)
+        p_mean = float(bootstrap_t.two_sided_p(s)[0])
+        p_equivalence = float(continuous_equivalence_p(s, margin)[0]) if testable else 1.0
+    else:
+        difference, p_mean, p_equivalence = Estimate(math.nan, math.nan, math.nan, 0), 1.0, 1.0
     return PairedComparison(
-        difference=bootstrap_mean(deltas, **kwargs),
+        difference=difference,
         wins=wins,
-        ties=len(shared) - decided,
+        ties=n - decided,
         losses=losses,
         p_value=p_value,
         excluded=excluded,
         margin=margin,
-        p_equivalence=equivalence_p(deltas, margin),
-        spread=float(deltas.std(ddof=1)) if deltas.size > 1 else math.nan,
+        p_equivalence=p_equivalence,
+        spread=float(deltas.std(ddof=1)) if n > 1 else math.nan,
+        p_mean=p_mean,
+        method="exact" if binary else "bootstrap-t",
     )
 
 
-def equivalence_p(deltas: Sequence[float] | np.ndarray, margin: float) -> float:
-    """TOST p-value that the mean per-problem difference lies inside ±margin.
+def continuous_equivalence_p(s: Any, margin: float) -> np.ndarray:
+    """The bootstrap-t TOST p-values of studentized rows (kvbench.results.bootstrap_t.Studentized), 1
+    where there are fewer than MIN_EQUIVALENCE_PROBLEMS problems: equivalence is not tested there."""
+    from kvbench.results import bootstrap_t
 
-    Problems are the unit (each problem's samples were averaged first), so samples of one problem are
-    never counted as independent. Both one-sided t-tests run at the verdict's level; the larger p
-    decides, which is the same as the (1 − 2α) t-interval lying inside ±margin. Differences without
-    spread have no t-test: all zero, the exact bound (1 − margin)^n (the chance that no problem differs
-    were the arms to differ on a share ``margin`` of problems, scores in [0, 1]); otherwise 1.
-    """
-    from scipy.stats import ttest_1samp
-
-    deltas = np.asarray(deltas, dtype=float)
-    if deltas.size == 0 or not margin > 0:
-        return 1.0
-    if deltas.size < 2 or np.ptp(deltas) == 0:
-        return float((1 - min(margin, 1.0)) ** deltas.size) if not deltas.any() else 1.0
-    above = ttest_1samp(deltas, -margin, alternative="greater").pvalue
-    below = ttest_1samp(deltas, margin, alternative="less").pvalue
-    return float(max(above, below))
+    if s.problems < MIN_EQUIVALENCE_PROBLEMS:
+        return np.ones_like(s.mean)
+    return bootstrap_t.equivalence_p(s, margin)
 
 
 _TAIL = 1e-12
@@ -396,21 +507,40 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def verdicts(comparisons: list[PairedComparison], alpha: float = ALPHA) -> list[PairedComparison]:
-    """Holm-corrected verdicts across one table: a policy beats (or loses to) the null only when the
-    corrected sign test says so; it is equivalent to the null only when the corrected TOST says its
-    difference lies inside ±margin; otherwise inconclusive. The sign tests and the equivalence tests are
-    each Holm-corrected across the table's policies."""
-    adjusted = holm([c.p_value for c in comparisons])
+def verdicts(
+    comparisons: list[PairedComparison], alpha: float = ALPHA, family: str = "table"
+) -> list[PairedComparison]:
+    """Holm-corrected verdicts across one family of comparisons (``family`` names it: a table, a
+    sweep). Two tests, each Holm-corrected across the family:
+
+    - the difference test (PairedComparison.p_difference: the sign test and the mean test agreeing);
+    - the equivalence test (TOST against ±margin).
+
+    The difference decided and equivalence shown too: *practically equivalent* (it differs from the
+    null, by less than the margin). The difference decided alone: *beats null* or *loses to null*, by the
+    sign of the mean difference. Equivalence alone: *equivalent to null*. Neither: *inconclusive*.
+    """
+    adjusted = holm([c.p_difference for c in comparisons])
     equivalent = holm([c.p_equivalence for c in comparisons])
     out = []
     for comparison, p, p_equal in zip(comparisons, adjusted, equivalent, strict=True):
         verdict: Verdict = "inconclusive"
-        if p < alpha:
-            verdict = "beats null" if comparison.wins > comparison.losses else "loses to null"
+        if p < alpha and p_equal < alpha:
+            verdict = "practically equivalent"
+        elif p < alpha:
+            verdict = "beats null" if comparison.difference.value > 0 else "loses to null"
         elif p_equal < alpha:
             verdict = "equivalent to null"
-        out.append(replace(comparison, p_adjusted=p, p_equivalence_adjusted=p_equal, verdict=verdict))
+        out.append(
+            replace(
+                comparison,
+                p_adjusted=p,
+                p_equivalence_adjusted=p_equal,
+                verdict=verdict,
+                family=family,
+                family_size=len(comparisons),
+            )
+        )
     return out
 
 

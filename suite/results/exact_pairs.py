@@ -1,0 +1,143 @@
+"""Exact tests and intervals for the paired difference of a pass/fail metric with one sample per problem.
+
+Each problem's difference is +1 (the arm right, the baseline wrong: a win), −1 (a loss) or 0 (a tie).
+Over n problems the counts (W, L, T) are trinomial with probabilities (p₊, p₋, 1 − d), d = p₊ + p₋ the
+discordance, and the mean difference is Δ = p₊ − p₋, estimated by Δ̂ = (W − L)/n. A hypothesis about Δ
+leaves d free (a nuisance), so every p-value here is the *supremum over d* of the tail probability, the
+exact unconditional test (Barnard's construction, as for paired proportions in Chan et al. 2003): its
+rejection rate is at most α at every d, whatever the number of discordant problems.
+
+The statistic is Wald's Z = (Δ̂ − Δ₀)/se, se² = ((W + L)/n − Δ̂²)/n. At a fixed number of discordant
+problems m = W + L, Z rises with W (dZ/dΔ̂ ∝ m/n − Δ₀·Δ̂ > 0), so each tail is, for every m, a run of W
+from one end: P(Z ≤ z) = Σₘ Binomial(m; n, d) · Binomial cdf(aₘ; m, π), π = p₊/d the chance that a
+discordant problem is a win. That sum is evaluated at every d of a grid over [|Δ₀|, 1] and the largest
+is refined by a bounded search. Where no problem differs (m = 0) se is 0 and Z is −∞ or +∞ by the sign
+of −Δ₀: all ties are the strongest evidence that Δ lies near 0, and their probability (1 − d)ⁿ is at
+most (1 − |Δ₀|)ⁿ, which is the whole p-value when every problem ties.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+GRID = 64
+"""Points of the discordance grid on which each tail's supremum is searched before it is refined."""
+
+
+def _z(wins: np.ndarray, m: np.ndarray, n: int, null: float) -> np.ndarray:
+    """Wald's Z at W wins of m discordant problems out of n (arrays of the same shape)."""
+    x = (2 * wins - m) / n
+    se = np.sqrt(np.maximum(m / n - x * x, 0.0) / n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (x - null) / se  # se = 0: ±inf by the sign of x − null, 0 where x is the null itself
+        return np.where(se > 0, z, np.where(x == null, 0.0, np.sign(x - null) * np.inf))
+
+
+def _most_wins_at_or_below(z: float, n: int, null: float) -> np.ndarray:
+    """For every m in 0..n: the largest W in [−1, m] with Z(W, m) ≤ z (−1: none), by bisection over W,
+    Z being increasing in W at each m."""
+    m = np.arange(n + 1)
+    low, high = np.full(n + 1, -1), m.copy()  # invariant: Z(low) ≤ z (or low = −1), answer in [low, high]
+    fits = _z(high, m, n, null) <= z
+    low = np.where(fits, high, low)
+    high = np.where(fits, high, high - 1)
+    while np.any(high > low):
+        middle = (low + high + 1) // 2
+        ok = _z(middle, m, n, null) <= z
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle - 1)
+    return low
+
+
+def _lower_tail(z: float, n: int, null: float) -> float:
+    """sup over the discordance d of P(Z ≤ z) when Δ = ``null`` (|null| < 1)."""
+    from scipy.optimize import minimize_scalar
+    from scipy.stats import binom
+
+    most = _most_wins_at_or_below(z, n, null)
+    m = np.arange(n + 1)
+
+    def tail(d: np.ndarray) -> np.ndarray:
+        """The tail at every discordance of ``d`` at once: [len(d)]."""
+        d = np.asarray(d, dtype=float)[:, None]
+        win = np.clip((d + null) / (2 * d), 0.0, 1.0)
+        return (binom.pmf(m, n, d) * binom.cdf(most, m, win)).sum(axis=1)
+
+    grid = np.linspace(max(abs(null), 1e-12), 1.0, GRID)
+    values = tail(grid)
+    best = int(np.argmax(values))
+    left, right = grid[max(best - 1, 0)], grid[min(best + 1, GRID - 1)]
+    found = float(values[best])
+    if right > left:
+        refined = minimize_scalar(lambda d: -tail(np.array([d]))[0], bounds=(left, right), method="bounded")
+        found = max(found, -float(refined.fun))
+    return min(1.0, found)
+
+
+def lower_p(wins: int, losses: int, n: int, null: float) -> float:
+    """p-value of H0: Δ ≥ ``null`` against Δ < null: sup over d of P(Z ≤ Z observed)."""
+    if n <= 0:
+        return 1.0
+    z = float(_z(np.array(wins), np.array(wins + losses), n, null))
+    return _lower_tail(z, n, null)
+
+
+def upper_p(wins: int, losses: int, n: int, null: float) -> float:
+    """p-value of H0: Δ ≤ ``null`` against Δ > null (the mirror of lower_p: wins and losses swapped)."""
+    return lower_p(losses, wins, n, -null)
+
+
+def equivalence_p(wins: int, losses: int, n: int, margin: float) -> float:
+    """Exact TOST: the larger of the p-values of H0: Δ ≤ −margin and H0: Δ ≥ +margin."""
+    if n <= 0 or not 0 < margin < 1:
+        return 1.0
+    return max(upper_p(wins, losses, n, -margin), lower_p(wins, losses, n, margin))
+
+
+def interval(wins: int, losses: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Δ₀ that neither one-sided test at (1 − level)/2 rejects: its ends found by bisection (the exact
+    p-value is close to monotone in Δ₀; each end is where bisection finds it cross)."""
+    if n <= 0:
+        return -1.0, 1.0
+    tail = (1 - level) / 2
+    estimate = (wins - losses) / n
+
+    def end(rejects, inside: float, outside: float) -> float:
+        if not rejects(outside):
+            return outside
+        for _ in range(22):  # to 1e-6 of Δ
+            middle = (inside + outside) / 2
+            inside, outside = (inside, middle) if rejects(middle) else (middle, outside)
+        return inside
+
+    low = end(lambda d: upper_p(wins, losses, n, d) <= tail, estimate, -1.0 + 1e-12)
+    high = end(lambda d: lower_p(wins, losses, n, d) <= tail, estimate, 1.0 - 1e-12)
+    return low, high
+
+
+@lru_cache(maxsize=256)
+def _critical(n: int, margin: float, alpha: float) -> float:
+    """The largest Z that lower_p at +margin rejects at ``alpha``, to 1e-9 (NaN: none): lower_p rises
+    with the observed Z, so the test rejects exactly the Z at or below it. For simulating many
+    replicates at once."""
+    if _lower_tail(-math.inf, n, margin) > alpha:
+        return math.nan  # not even every problem tied: no Z rejects (and NaN compares false)
+    low, high = -40.0, 40.0
+    if _lower_tail(low, n, margin) > alpha:
+        high = low
+        low = -1e6
+    while high - low > 1e-9:
+        middle = (low + high) / 2
+        low, high = (middle, high) if _lower_tail(middle, n, margin) <= alpha else (low, middle)
+    return low
+
+
+def equivalent(wins: np.ndarray, losses: np.ndarray, n: int, margin: float, alpha: float) -> np.ndarray:
+    """Whether equivalence_p(W, L, n, margin) ≤ alpha, for arrays of counts (the same decision, through
+    the critical value of each one-sided test)."""
+    critical = _critical(n, margin, alpha)
+    below = _z(wins, wins + losses, n, margin) <= critical
+    above = _z(losses, wins + losses, n, margin) <= critical  # the mirror: H0 Δ ≤ −margin
+    return below & above
