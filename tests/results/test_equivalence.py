@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from scipy.special import gammaln, xlogy
 from scipy.stats import binom, binomtest
-from scipy.stats import t as student_t
 
 from kvbench.results.stats import (
     compare_arms,
@@ -29,13 +29,33 @@ def arms(wins: int, ties: int, losses: int) -> tuple[dict[str, float], dict[str,
     return arm, null
 
 
-def tost_by_hand(wins: int, ties: int, losses: int, margin: float) -> float:
-    """The larger of the two one-sided t-test p-values against ±margin, from the counts alone."""
+def _score(wins: np.ndarray, losses: np.ndarray, n: int, null: float) -> np.ndarray:
+    """Tango's score statistic for Δ = p(win) − p(loss) = ``null``, written out from its likelihood."""
+    a, b, c = 2 * n, -(wins + losses) + null * (2 * n - wins + losses), -losses * null * (1 - null)
+    q = (-b + np.sqrt(b * b - 4 * a * c)) / (2 * a)  # the loss probability's restricted MLE
+    variance = n * (2 * q + null - null**2)
+    return (wins - losses - n * null) / np.sqrt(variance)
+
+
+def tost_by_hand(wins: int, ties: int, losses: int, margin: float, grid: int = 801) -> float:
+    """The exact unconditional TOST by enumeration: every (W, L) of n problems, its trinomial probability
+    at each discordance d of a fine grid, the tail at or beyond the observed statistic, the largest d."""
     n = wins + ties + losses
-    mean = (wins - losses) / n
-    variance = (wins * (1 - mean) ** 2 + ties * mean**2 + losses * (-1 - mean) ** 2) / (n - 1)
-    se = math.sqrt(variance / n)
-    return max(student_t.sf((mean + margin) / se, n - 1), student_t.cdf((mean - margin) / se, n - 1))
+    w, lost = (a.ravel() for a in np.meshgrid(np.arange(n + 1), np.arange(n + 1)))
+    w, lost = w[w + lost <= n], lost[w + lost <= n]
+    log_ways = gammaln(n + 1) - gammaln(w + 1) - gammaln(lost + 1) - gammaln(n - w - lost + 1)
+
+    def tail(null: float, extreme) -> float:
+        observed = _score(np.array(wins), np.array(losses), n, null)
+        inside = extreme(_score(w, lost, n, null), observed)
+        best = 0.0
+        for d in np.linspace(abs(null), 1.0, grid):
+            up, down = (d + null) / 2, (d - null) / 2
+            log_p = log_ways + xlogy(w, up) + xlogy(lost, down) + xlogy(n - w - lost, 1 - d)
+            best = max(best, float(np.exp(log_p[inside]).sum()))
+        return best
+
+    return max(tail(-margin, lambda z, o: z >= o - 1e-9), tail(margin, lambda z, o: z <= o + 1e-9))
 
 
 def verdict(wins: int, ties: int, losses: int, margin: float = MARGIN):
@@ -51,8 +71,8 @@ def test_beats_and_loses_follow_the_exact_sign_test() -> None:
 def test_the_same_rates_are_inconclusive_on_4_problems_and_equivalent_on_400() -> None:
     small, large = verdict(1, 2, 1), verdict(100, 200, 100)  # half the problems differ, evenly
     assert small.p_value == large.p_value == 1.0
-    assert small.p_equivalence == pytest.approx(tost_by_hand(1, 2, 1, MARGIN), rel=1e-9)
-    assert large.p_equivalence == pytest.approx(tost_by_hand(100, 200, 100, MARGIN), rel=1e-9)
+    assert small.p_equivalence == pytest.approx(tost_by_hand(1, 2, 1, MARGIN), rel=1e-3)
+    assert large.p_equivalence == pytest.approx(tost_by_hand(100, 200, 100, MARGIN), rel=1e-3)
     assert small.p_equivalence > 0.4 and large.p_equivalence < 0.01
     assert (small.verdict, large.verdict) == ("inconclusive", "equivalent to null")
     # beside "inconclusive": it wins as often as it loses, with a mean inside the margin, so what would
@@ -65,18 +85,20 @@ def test_the_same_rates_are_inconclusive_on_4_problems_and_equivalent_on_400() -
 def test_a_difference_near_the_margin_is_inconclusive() -> None:
     # 17 wins, 10 losses, 73 ties: mean 0.07 inside ±0.1, but its 90% interval reaches past 0.1
     near = verdict(17, 73, 10)
-    assert near.p_equivalence == pytest.approx(tost_by_hand(17, 73, 10, MARGIN), rel=1e-9)
+    assert near.p_equivalence == pytest.approx(tost_by_hand(17, 73, 10, MARGIN), rel=1e-3)
     assert near.p_value == pytest.approx(binomtest(17, 27).pvalue, rel=1e-12)
     assert near.p_value > 0.05 and near.p_equivalence > 0.05 and near.verdict == "inconclusive"
-    # significant and inside the margin: the sign test's verdict stands, as before
-    assert verdict(55, 920, 25).verdict == "beats null" and tost_by_hand(55, 920, 25, MARGIN) < 0.05
+    # significant and shown inside the margin: it differs from the null, by less than the margin
+    assert verdict(55, 920, 25).verdict == "practically equivalent"
 
 
 def test_identical_arms_need_enough_problems_to_be_equivalent() -> None:
-    """No spread, no t-test: the exact bound (1 - margin)^n that no problem differs."""
+    """Every problem tied has probability up to (1 - margin)^n at the margin: the p-value is never
+    below it (149 problems at 0.02), and is the enumerated exact test's."""
     few, many = verdict(0, 4, 0, 0.02), verdict(0, 400, 0, 0.02)
-    assert few.p_equivalence == pytest.approx(0.98**4, rel=1e-12)
-    assert many.p_equivalence == pytest.approx(0.98**400, rel=1e-12)
+    assert few.p_equivalence >= 0.98**4 and many.p_equivalence >= 0.98**400
+    assert few.p_equivalence == pytest.approx(tost_by_hand(0, 4, 0, 0.02), rel=1e-3)
+    assert many.p_equivalence == pytest.approx(tost_by_hand(0, 400, 0, 0.02), rel=1e-3)
     assert (few.verdict, many.verdict) == ("inconclusive", "equivalent to null")
 
 
@@ -192,6 +214,7 @@ def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
     result = calibration(judged)
     assert result.verdicts == {
         "beats null": 1,
+        "practically equivalent": 0,
         "equivalent to null": 1,
         "inconclusive": 28,
         "loses to null": 0,

@@ -50,7 +50,9 @@ def test_holm_never_exceeds_one() -> None:
 
 
 def _with_p(p: float, wins: int, losses: int) -> PairedComparison:
-    return PairedComparison(Estimate(0.0, 0.0, 0.0, 10), wins, 0, losses, p, ())
+    """A comparison whose sign test and mean test (on a mean of the sign of wins − losses) both give p."""
+    mean = 0.1 if wins > losses else -0.1
+    return PairedComparison(Estimate(mean, mean - 0.05, mean + 0.05, 10), wins, 0, losses, p, (), p_mean=p)
 
 
 def test_a_p_value_at_the_level_is_not_significant() -> None:
