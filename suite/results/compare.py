@@ -80,6 +80,9 @@ COLUMNS = (
     "wins",
     "ties",
     "losses",
+    "p_sign",
+    "p_mean",
+    "method",
     "p_holm",
     "verdict",
     "margin",
@@ -88,6 +91,8 @@ COLUMNS = (
     "problems_needed",
     "problems_needed_for",
     "sign_test_first",
+    "family",
+    "family_size",
     "delta_full",
     "problems",
     "samples",
@@ -95,7 +100,9 @@ COLUMNS = (
     "submission",
 )
 """``submission``: the sha256 of the bundle whose runs a row compares, on a board; empty for one's own
-runs."""
+runs. ``p_sign``: the sign test; ``p_mean``: the test of the mean difference that the Δ interval inverts
+(``method``: exact or bootstrap-t); ``p_holm``: the larger of the two, Holm-corrected over ``family``
+(``family_size`` comparisons)."""
 
 
 def compare(database: Path, filters: Filters) -> list[dict]:
@@ -232,6 +239,9 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.wins,
                 test.ties,
                 test.losses,
+                test.p_value,
+                test.p_mean,
+                test.method,
                 test.p_adjusted,
                 test.verdict,
                 test.margin,
@@ -240,9 +250,11 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.problems_needed,
                 test.plan.decision if test.plan else None,
                 test.plan.sign_first if test.plan else None,
+                test.family,
+                test.family_size,
             )
             if test is not None
-            else (None,) * 4 + (NO_BASELINE,) + (None,) * 6
+            else (None,) * 7 + (NO_BASELINE,) + (None,) * 8
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -311,7 +323,11 @@ def display_cells(row: dict) -> list[str]:
         f"{_number(row['mean_generated_tokens'], '.0f')} ({_number(row['lengthening'], '.2f')}×) / "
         f"{_number(row['tokens_per_correct'], '.0f')} ({_number(row['delta_tokens_per_correct'], '+.0f')})",
         f"{_signed_interval(row, 'delta_tokens', '.0f')} / {_number(row['delta_truncation'], '+.0%')}",
-        _signed_interval(row, "delta", ".3f"),
+        (
+            f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
+            if row["wins"] == 0 and row["losses"] == 0
+            else _signed_interval(row, "delta", ".3f")
+        ),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
         verdict_text(row),
         "—"
@@ -339,8 +355,8 @@ def compact_cells(row: dict) -> list[str]:
         arm_name(row),
         _number(row["k_over_n_avg"], ".2f"),
         plus_minus(row["score"], row["score_low"], row["score_high"]),
-        plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True),
-        compact_verdict(row["verdict"], row["p_holm"]),
+        delta_cell(row),
+        compact_verdict(row["verdict"], row["p_holm"], inside=inside_margin(row)),
         f"{row['problems']} × {row['samples_per_problem'] or '—'}",
     ]
 
@@ -359,11 +375,34 @@ def plus_minus(value: float | None, low: float | None, high: float | None, *, si
     return f"{value:{'+' if signed else ''}.3f} ± {(high - low) / 2:.3f}"
 
 
-def compact_verdict(verdict: str | None, p_holm: float | None) -> str:
-    """A tested verdict by its first word ("beats", "loses", "equivalent", "inconclusive") and Holm p."""
+def compact_verdict(verdict: str | None, p_holm: float | None, *, inside: bool = False) -> str:
+    """A tested verdict by its first word ("beats", "loses", "practically", "equivalent",
+    "inconclusive") and Holm p; a *beats* or *loses* whose Δ lies inside the margin says so."""
     if p_holm is None or verdict is None:
         return verdict or "—"
-    return f"{verdict.split()[0]} p={p_holm:.3f}"
+    word = {"practically equivalent": "practically-equivalent"}.get(verdict, verdict.split()[0])
+    return f"{word}{INSIDE if inside else ''} p={p_holm:.3f}"
+
+
+INSIDE = " (Δ inside margin)"
+"""Beside a *beats* or *loses* whose mean difference lies inside ±margin while too few problems show
+equivalence: the difference is real, its size may not matter."""
+NO_PROBLEM_DIFFERS = "no problem differs"
+
+
+def inside_margin(row: dict) -> bool:
+    """A decided difference whose mean lies inside ±margin (equivalence not shown)."""
+    margin, delta = row.get("margin"), row.get("delta")
+    if row.get("verdict") not in ("beats null", "loses to null") or margin is None or delta is None:
+        return False
+    return not math.isnan(margin) and abs(delta) < margin
+
+
+def delta_cell(row: dict) -> str:
+    """Δ ± half its 95% interval; where no problem differs, that instead of a zero-width interval."""
+    if row.get("wins") == 0 and row.get("losses") == 0:
+        return f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
+    return plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True)
 
 
 NO_DIFFERENCE = "no arm differs on any problem at this K: more problems of this probe cannot separate them"
@@ -410,9 +449,16 @@ def power_notes(rows: list[dict]) -> list[str]:
     one line where no arm of the table differs from the null on any problem."""
     tested = [r for r in rows if r["wins"] is not None]
     waiting = [r for r in tested if r["verdict"] == "inconclusive"]
+    notes = family_notes(tested)
     if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
-        return [NO_DIFFERENCE]
-    return [f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting]
+        return [*notes, NO_DIFFERENCE]
+    return [*notes, *(f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting)]
+
+
+def family_notes(rows: list[dict]) -> list[str]:
+    """What each Holm correction of these rows ran over, once per family."""
+    seen = dict.fromkeys((r.get("family"), r.get("family_size")) for r in rows if r.get("family"))
+    return [f"Holm over {size} comparison{'s' * (size != 1)}: {family}" for family, size in seen]
 
 
 def verdict_text(row: dict) -> str:
@@ -421,7 +467,7 @@ def verdict_text(row: dict) -> str:
     verdict, p_holm = row["verdict"], row["p_holm"]
     if p_holm is None:
         return verdict or "—"
-    text = f"{verdict} (p={p_holm:.3f})"
+    text = f"{verdict}{INSIDE if inside_margin(row) else ''} (p={p_holm:.3f})"
     if verdict == "inconclusive":
         text += f"; {POWER:.0%} power: {row_needs(row, short=True)}"
     return text

@@ -276,7 +276,10 @@ def _compare_source(
         compare_arms(pooled[a], scores(nulls[a]) or {}, arms[a][tasks[0]].spec.protocol.margin)
         for a in tested
     ]
-    tests = dict(zip(tested, holm_verdicts(family), strict=True))
+    described = f"the policies of one table against {baseline} on {' + '.join(tasks)}" + (
+        "" if len(tasks) == 1 else " pooled (a family apart from the per-task tables)"
+    )
+    tests = dict(zip(tested, holm_verdicts(family, family=described), strict=True))
     results = []
     for arm, got in arms.items():
         parts = [summaries[got[t].run_id] for t in tasks]
@@ -284,7 +287,7 @@ def _compare_source(
         if test is not None:
             vs_base = test.difference
         elif arm[2] == Role.REFERENCE and base_scores is not None:
-            vs_base = paired_difference(pooled[arm], base_scores)
+            vs_base = paired_difference(pooled[arm], base_scores, bounded=_bounded(pooled[arm], base_scores))
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
@@ -310,7 +313,11 @@ def _compare_source(
                 samples=sum(p.samples for p in parts),
                 vs_baseline=vs_base,
                 test=test,
-                vs_full=paired_difference(pooled[arm], full_scores) if full_scores is not None else None,
+                vs_full=(
+                    paired_difference(pooled[arm], full_scores, bounded=_bounded(pooled[arm], full_scores))
+                    if full_scores is not None
+                    else None
+                ),
                 lengthening=_ratio_of_means(tokens, full_tokens or {}),
                 tokens_per_correct=per_correct,
                 tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
@@ -323,6 +330,12 @@ def _compare_source(
             )
         )
     return results
+
+
+def _bounded(*scores: Mapping[Any, float]) -> bool:
+    """Whether every score lies in [0, 1] (the metric's bound then limits what an unseen problem can
+    change; compare_arms infers it the same way)."""
+    return all(0.0 <= v <= 1.0 for arm in scores for v in arm.values())
 
 
 def _partner(

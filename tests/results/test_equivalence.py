@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy.special import gammaln, xlogy
+from exact_by_hand import tost_by_hand
 from scipy.stats import binom, binomtest
 
 from kvbench.results.stats import (
@@ -27,35 +27,6 @@ def arms(wins: int, ties: int, losses: int) -> tuple[dict[str, float], dict[str,
     arm = {f"p{i}": max(o, 0.0) + (o == 0.0) for i, o in enumerate(outcomes)}
     null = {f"p{i}": max(-o, 0.0) + (o == 0.0) for i, o in enumerate(outcomes)}
     return arm, null
-
-
-def _score(wins: np.ndarray, losses: np.ndarray, n: int, null: float) -> np.ndarray:
-    """Tango's score statistic for Δ = p(win) − p(loss) = ``null``, written out from its likelihood."""
-    a, b, c = 2 * n, -(wins + losses) + null * (2 * n - wins + losses), -losses * null * (1 - null)
-    q = (-b + np.sqrt(b * b - 4 * a * c)) / (2 * a)  # the loss probability's restricted MLE
-    variance = n * (2 * q + null - null**2)
-    return (wins - losses - n * null) / np.sqrt(variance)
-
-
-def tost_by_hand(wins: int, ties: int, losses: int, margin: float, grid: int = 801) -> float:
-    """The exact unconditional TOST by enumeration: every (W, L) of n problems, its trinomial probability
-    at each discordance d of a fine grid, the tail at or beyond the observed statistic, the largest d."""
-    n = wins + ties + losses
-    w, lost = (a.ravel() for a in np.meshgrid(np.arange(n + 1), np.arange(n + 1)))
-    w, lost = w[w + lost <= n], lost[w + lost <= n]
-    log_ways = gammaln(n + 1) - gammaln(w + 1) - gammaln(lost + 1) - gammaln(n - w - lost + 1)
-
-    def tail(null: float, extreme) -> float:
-        observed = _score(np.array(wins), np.array(losses), n, null)
-        inside = extreme(_score(w, lost, n, null), observed)
-        best = 0.0
-        for d in np.linspace(abs(null), 1.0, grid):
-            up, down = (d + null) / 2, (d - null) / 2
-            log_p = log_ways + xlogy(w, up) + xlogy(lost, down) + xlogy(n - w - lost, 1 - d)
-            best = max(best, float(np.exp(log_p[inside]).sum()))
-        return best
-
-    return max(tail(-margin, lambda z, o: z >= o - 1e-9), tail(margin, lambda z, o: z <= o + 1e-9))
 
 
 def verdict(wins: int, ties: int, losses: int, margin: float = MARGIN):
