@@ -123,7 +123,9 @@ def print_calibration(result) -> None:
         table.add_row(verdict, str(count), f"{count / max(result.comparisons, 1):.1%}")
     console.print(table)
     console.print(
-        f"false-positive rate (beats or loses to itself): {result.false_positive_rate:.1%} "
-        f"[95% Clopper-Pearson {result.low:.1%}, {result.high:.1%}] over {result.comparisons} comparisons "
-        f"(α = 5%); paired 95% intervals covering 0: {result.covered:.1%}"
+        f"false-positive rate (a decided difference from itself): {result.false_positive_rate:.1%} "
+        f"[95% Clopper-Pearson {result.low:.1%}, {result.high:.1%}] over {result.testable} of "
+        f"{result.comparisons} comparisons, those that can reject (α = 5%; their exact attainable levels "
+        f"sum to {result.expected:.2f} expected false positives); shown 95% intervals covering 0 where "
+        f"some problem differs: {result.covered:.1%}"
     )

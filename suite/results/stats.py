@@ -235,7 +235,12 @@ class PairedComparison:
         if not shared:
             return None
         return plan_decision(
-            self.wins / shared, self.losses / shared, self.difference.value, self.spread, self.margin
+            self.wins / shared,
+            self.losses / shared,
+            self.difference.value,
+            self.spread,
+            self.margin,
+            exact=self.method == "exact",
         )
 
     @property
@@ -373,6 +378,8 @@ def plan_decision(
     margin: float,
     alpha: float = ALPHA,
     power: float = POWER,
+    *,
+    exact: bool = False,
 ) -> PowerPlan | None:
     """The fewest problems at which a decided verdict has ``power``, were the observed per-problem
     differences the truth: each problem won with probability ``win_share``, lost with ``loss_share``,
@@ -402,12 +409,23 @@ def plan_decision(
             return PowerPlan(None, None)
         return PowerPlan(sign, sign_test_problems(win_share + loss_share, abs(effect), alpha, power))
     needed = equivalence_problems(mean, spread, margin, alpha, power)
+    if needed is not None:  # never below the fewest problems at which the test can declare equivalence
+        needed = max(needed, equivalence_floor(margin, alpha, exact=exact))
     fewer = needed - 1 if needed is not None else MAX_PROBLEMS
     first = sign_test_problems(win_share + loss_share, abs(effect), alpha, power, fewer) if effect else None
     if first is not None:
         return PowerPlan(sign, first)
     rival = sign_test_power(needed, win_share + loss_share, abs(effect), alpha) if effect and needed else 0.0
     return PowerPlan("equivalent to null", needed, rival)
+
+
+def equivalence_floor(margin: float, alpha: float = ALPHA, *, exact: bool = False) -> int:
+    """The fewest problems at which equivalence can be declared: MIN_EQUIVALENCE_PROBLEMS for the
+    bootstrap-t; for the exact test, the n at which every problem tied has probability (1 − margin)ⁿ
+    at most α (149 at a margin of 0.02)."""
+    if not exact:
+        return MIN_EQUIVALENCE_PROBLEMS
+    return max(1, math.ceil(math.log(alpha) / math.log1p(-min(margin, 1 - 1e-12))))
 
 
 def sign_test_problems(
@@ -565,28 +583,56 @@ class Calibration:
     comparisons: int
     verdicts: dict[str, int]
     false_positive_rate: float
-    """The share called *beats* or *loses*: the sign test's real level, at most α if it holds."""
+    """The share of comparisons that *can* reject (attainable level above 0) called *beats*, *loses* or
+    *practically equivalent*: a decided difference. At most α where the tests hold their level."""
     low: float
     high: float
     """Clopper-Pearson 95% interval of the false-positive rate."""
     covered: float
-    """The share of paired 95% bootstrap intervals that contain 0 (nominally 95%)."""
+    """The share of the shown 95% intervals that contain 0 (nominally at least 95%), over comparisons
+    where some problem differs (an all-tied pair's interval contains 0 by construction)."""
+    levels: tuple[float, ...] = ()
+    """Each comparison's exact attainable level: the chance, were the two seeds exchangeable, that the
+    sign test at α rejects given its number of differing problems (0 where it cannot reject)."""
+    testable: int = 0
+    """Comparisons whose attainable level is above 0: the rate's denominator."""
+    expected: float = math.nan
+    """The false positives expected were the seeds exchangeable: the sum of the attainable levels."""
+
+
+def attainable_level(differing: int, alpha: float = ALPHA) -> float:
+    """P(the two-sided exact sign test rejects at ``alpha``) on ``differing`` problems each won with
+    probability 1/2: the test's real level at that count (0 below 6 differing problems)."""
+    from scipy.stats import binom, binomtest
+
+    if differing <= 0:
+        return 0.0
+    rejected = [w for w in range(differing + 1) if binomtest(w, differing, 0.5).pvalue < alpha]
+    return float(binom.pmf(rejected, differing, 0.5).sum()) if rejected else 0.0
 
 
 def calibration(comparisons: Sequence[PairedComparison], level: float = 0.95) -> Calibration:
-    """Tally of judged A/A comparisons (each its own family: Holm only lowers the rate)."""
+    """Tally of judged A/A comparisons (each its own family: Holm only lowers the rate). The rate counts
+    only comparisons that could reject: with 4 problems none can (the smallest p is 0.125)."""
     from scipy.stats import binomtest
 
     n = len(comparisons)
     counts = {v: sum(c.verdict == v for c in comparisons) for v in Verdict.__args__}  # type: ignore[attr-defined]
-    false = counts["beats null"] + counts["loses to null"]
-    interval = binomtest(false, n).proportion_ci(level, method="exact") if n else None
-    covered = sum(c.difference.low <= 0 <= c.difference.high for c in comparisons)
+    levels = tuple(attainable_level(c.differing) for c in comparisons)
+    able = [c for c, a in zip(comparisons, levels, strict=True) if a > 0]
+    decided = ("beats null", "loses to null", "practically equivalent")
+    false = sum(c.verdict in decided for c in able)
+    interval = binomtest(false, len(able)).proportion_ci(level, method="exact") if able else None
+    differing = [c for c in comparisons if c.differing]
+    covered = sum(c.difference.low <= 0 <= c.difference.high for c in differing)
     return Calibration(
         comparisons=n,
         verdicts=counts,
-        false_positive_rate=false / n if n else math.nan,
+        false_positive_rate=false / len(able) if able else math.nan,
         low=interval.low if interval else math.nan,
         high=interval.high if interval else math.nan,
-        covered=covered / n if n else math.nan,
+        covered=covered / len(differing) if differing else math.nan,
+        levels=levels,
+        testable=len(able),
+        expected=float(sum(levels)),
     )

@@ -65,22 +65,23 @@ def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(t
     assert sorted(scores) == list(range(2 * PAIRS)) and all(len(s) == 8 for s in scores.values())
     # a probe's K is fixed: no full-cache arm was run for it
     assert con.execute("SELECT DISTINCT policy FROM runs").fetchall() == [("random",)]
-    different, discordant = 0, 0
+    different, discordant, testable = 0, 0, 0
     for i in range(PAIRS):  # disjoint pairs: seeds 2i and 2i + 1
         a, b = scores[2 * i], scores[2 * i + 1]
-        wins = sum(a[p] > b[p] for p in a)
-        losses = sum(a[p] < b[p] for p in a)
+        wins = sum(a[p] > b[p] + 1e-9 for p in a)
+        losses = sum(a[p] < b[p] - 1e-9 for p in a)
         discordant += wins + losses > 0
+        testable += wins + losses >= 6  # fewer differing problems: the sign test cannot reach p < 0.05
         different += wins + losses > 0 and binomtest(wins, wins + losses).pvalue < 0.05
     # the seeds do change what the null keeps: most pairs disagree somewhere, so a rejection was possible
     assert discordant >= PAIRS // 2
-    interval = binomtest(different, PAIRS).proportion_ci(0.95, method="exact")
     calibration = report["calibration"]
     assert calibration["comparisons"] == len(report["comparisons"]) == PAIRS
-    assert calibration["false_positive_rate"] == pytest.approx(different / PAIRS)
-    assert (calibration["low"], calibration["high"]) == pytest.approx((interval.low, interval.high))
-    assert calibration["false_positive_rate"] <= 0.05 and calibration["high"] < 0.15
-    assert f"over {PAIRS} comparisons" in done.stdout
+    assert calibration["testable"] == testable
+    # a decided difference needs the sign test and the mean test: never more often than the sign test
+    assert calibration["false_positive_rate"] * testable <= different
+    assert calibration["false_positive_rate"] <= 0.05
+    assert f"over {testable} of {PAIRS} comparisons" in done.stdout
 
 
 def test_a_full_cache_arm_is_run_only_where_the_nulls_budget_waits_on_it(tmp_path: Path) -> None:

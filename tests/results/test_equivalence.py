@@ -181,7 +181,8 @@ def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
 
     from kvbench.results.stats import calibration
 
-    judged = [verdict(10, 0, 0)] + [verdict(1, 2, 1)] * 28 + [verdict(100, 200, 100)]  # 1 false of 30
+    # 1 false positive; only the 2 comparisons with 6 or more differing problems can reject at all
+    judged = [verdict(10, 0, 0)] + [verdict(1, 2, 1)] * 28 + [verdict(100, 200, 100)]
     result = calibration(judged)
     assert result.verdicts == {
         "beats null": 1,
@@ -190,11 +191,17 @@ def test_calibration_tallies_verdicts_with_a_clopper_pearson_interval() -> None:
         "inconclusive": 28,
         "loses to null": 0,
     }
-    assert result.false_positive_rate == pytest.approx(1 / 30)
+    assert result.testable == 2 and result.false_positive_rate == pytest.approx(1 / 2)
     # Clopper-Pearson written out: beta quantiles at 2.5% and 97.5%
     assert (result.low, result.high) == pytest.approx(
-        (beta.ppf(0.025, 1, 30), beta.ppf(0.975, 2, 29)), rel=1e-9
+        (beta.ppf(0.025, 1, 2), beta.ppf(0.975, 2, 1)), rel=1e-9
     )
+
+    # the attainable levels, summed from scipy's binomial: the rejection regions at 10 and 200 differing
+    def level(m: int) -> float:
+        return sum(binom.pmf(w, m, 0.5) for w in range(m + 1) if binomtest(w, m).pvalue < 0.05)
+
+    assert result.levels[1] == 0.0 and result.expected == pytest.approx(level(10) + level(200), rel=1e-9)
     covered = sum(j.difference.low <= 0 <= j.difference.high for j in judged) / 30
     assert result.covered == covered and covered < 1  # the all-wins cell's interval misses 0
 
