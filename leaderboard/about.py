@@ -37,16 +37,20 @@ shows no evidence that its scores carry information about which tokens matter. T
   the probe's metric otherwise), with a 95% percentile bootstrap interval over problems
   ({DRAWS:,} draws; a problem's samples are resampled together).
 - **Δ vs null** pairs the two arms on the problems both ran (pooled tasks: on (task, problem) clusters):
-  the mean paired difference with a paired bootstrap interval over problems.
-- The **verdict** is an exact two-sided sign test on the problems where the arms differ (wins against
-  losses), **Holm-corrected** across the policies of the table at α = 0.05: *beats null* or *loses*.
-  Otherwise the policy is *equivalent* when two one-sided t-tests on the per-problem differences put
-  Δ inside the protocol's ±margin (Holm-corrected the same way), and *inconclusive* when neither
-  test decides: beside it, the problems that would give a decided verdict 80% power at the observed
-  paired differences, and which verdict ("23 problems to beat", "35 problems to be equivalent"), or
-  "no problem differs" where more problems of that probe cannot separate the arms. *MDE* is the
-  smallest effect the table's problems detect with 80% power ("none": 4 problems give a smallest p of
-  0.125, so none). Problems present in only one arm are left out and counted.
+  the mean paired difference with its 95% interval — exact for a pass/fail metric with one sample per
+  problem, a studentized (bootstrap-t) interval otherwise; scores within 1e-9 are a tie, and a row
+  where no problem differs says so.
+- The **verdict**: *beats null* or *loses* when an exact two-sided sign test on the problems where the
+  arms differ (wins against losses) and the test of Δ that its interval inverts both reject in the same
+  direction, **Holm-corrected** across the policies of the table (the family each row names) at
+  α = 0.05. *equivalent* when two one-sided tests put Δ inside the protocol's ±margin (exact for
+  pass/fail; bootstrap-t, and never under 30 problems, otherwise; Holm-corrected the same way);
+  *practically equivalent* when both decide (it differs from the null by less than the margin); and
+  *inconclusive* when neither test decides: beside it, the problems that would give a decided verdict
+  80% power at the observed paired differences, and which verdict ("23 problems to beat", "35 problems
+  to be equivalent"), or "no problem differs" where more problems of that probe cannot separate the
+  arms. *MDE* is the smallest effect the table's problems detect with 80% power ("none": 4 problems
+  give a smallest p of 0.125, so none). Problems present in only one arm are left out and counted.
 - **Tokens × full**, **tokens / correct**, **Δ tokens** and **Δ trunc vs null**: what compression costs
   in generated tokens (a reasoning model that loses context thinks longer): mean generated tokens over
   the full cache's on the same problems, generated tokens per correct answer, and the paired

@@ -42,6 +42,7 @@ VIEWS = [
 ]
 BADGE_MARKDOWN = {
     "beats null": ":green-badge[beats null]",
+    "practically equivalent": ":blue-badge[practically equivalent]",
     "equivalent": ":blue-badge[equivalent]",
     "inconclusive": ":gray-badge[inconclusive]",
     "loses": ":red-badge[loses]",
@@ -49,9 +50,12 @@ BADGE_MARKDOWN = {
 MEMORY_COLUMNS = ("K held/N_avg", "bytes/token", "byte budget (MiB)")
 METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
-    f"({DRAWS:,} draws). Δ vs null and the verdict: paired exact sign test against Random Attention on "
-    "shared problems, Holm-corrected across this table's policies at α = 0.05; *equivalent*: two one-sided "
-    "t-tests put Δ inside ±margin (Holm-corrected too); *inconclusive*: neither, with the problems that "
+    f"({DRAWS:,} draws). Δ vs null: the mean paired difference with its 95% interval (exact for one "
+    "pass/fail sample per problem, studentized bootstrap otherwise). *beats*/*loses*: the exact sign "
+    "test and the test of Δ agree, Holm-corrected across this table's policies at α = 0.05; "
+    "*equivalent*: two one-sided tests put Δ inside ±margin (exact, or bootstrap-t from 30 problems; "
+    "Holm-corrected too); *practically "
+    "equivalent*: both; *inconclusive*: neither, with the problems that "
     "would give a decided verdict 80% power at the observed differences, and which verdict. MDE: the "
     "smallest effect these problems detect with 80% power. Tokens × full: mean generated tokens over "
     "the full cache's. K/N_avg: the budget over the task's reference mean length; K held/N_avg, "

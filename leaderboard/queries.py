@@ -447,6 +447,7 @@ def problems_by_samples(cells: list[CellSummary]) -> str:
 
 BADGES = {
     "beats null": "beats null",
+    "practically equivalent": "practically equivalent",
     "equivalent to null": "equivalent",
     "inconclusive": "inconclusive",
     "loses to null": "loses",
