@@ -4,22 +4,53 @@ computed here from SQL, with scipy's sign test and a bootstrap written out in nu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 from boardtest import by_policy, chart_traces, frame, open_app, sql_scores
+from exact_by_hand import tail
 from scipy.stats import binomtest
 
 from kvbench.leaderboard.queries import Compression
 
 
 def bootstrap_interval(values: list[float]) -> tuple[float, float]:
-    """The percentile interval of 10,000 resampled means, seed 0: the definition the page states."""
+    """The studentized bootstrap of 10,000 resamples (seed 0), written out: t* = (mean* − mean)/se*
+    (±inf for a resample without spread that moved), the interval [mean − t*₍₉₇.₅₎·se, mean −
+    t*₍₂.₅₎·se] at the order statistics of the (draws + 1) convention, clipped to [−1, 1]; for
+    differences that do not vary, the exact bound for n equal differences in [−1, 1]."""
     data = np.asarray(values)
-    picks = np.random.default_rng(0).integers(0, len(data), size=(10_000, len(data)))
-    low, high = np.percentile(data[picks].mean(axis=1), [2.5, 97.5])
-    return float(low), float(high)
+    n, draws = len(data), 10_000
+    mean = data.mean()
+    if np.ptp(data) == 0:
+        root = 0.025 ** (1 / n)
+        return -1 + (mean + 1) * root, 1 - (1 - mean) * root
+    picks = np.random.default_rng(0).integers(0, n, size=(draws, n))
+    resampled = data[picks]
+    shift = resampled.mean(axis=1) - mean
+    spread = resampled.std(axis=1, ddof=1) / np.sqrt(n)
+    flat = spread < 1e-12
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.sort(
+            np.where(flat, np.where(np.abs(shift) < 1e-12, 0.0, np.sign(shift) * np.inf), shift / spread)
+        )
+    se = data.std(ddof=1) / np.sqrt(n)
+    upper, lower = t[math.ceil(0.975 * (draws + 1)) - 1], t[math.floor(0.025 * (draws + 1)) - 1]
+    return float(np.clip(mean - upper * se, -1, 1)), float(np.clip(mean - lower * se, -1, 1))
+
+
+def exact_interval_holds(wins: int, losses: int, n: int, low: float, high: float) -> bool:
+    """An exact interval's ends (shown to 3 decimals) are where each one-sided exact test, enumerated,
+    crosses 2.5%: not rejected just inside, rejected just outside."""
+
+    def crosses(end: float, upper: bool) -> bool:
+        inward = -2e-3 if not upper else 2e-3
+        inside = tail(wins, losses, n, end + inward, upper, 201) >= 0.025
+        return inside and tail(wins, losses, n, end - inward, upper, 201) <= 0.025
+
+    return (low <= -0.999 or crosses(low, True)) and (high >= 0.999 or crosses(high, False))
 
 
 def expected_row(a: dict[str, float], b: dict[str, float]) -> dict:
@@ -27,9 +58,11 @@ def expected_row(a: dict[str, float], b: dict[str, float]) -> dict:
     deltas = [a[p] - b[p] for p in shared]
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
     p = binomtest(wins, wins + losses).pvalue if wins + losses else 1.0
+    binary = all(v in (0.0, 1.0) for v in (*a.values(), *b.values()))
     return {
         "delta": sum(deltas) / len(deltas),
-        "ci": bootstrap_interval(deltas),
+        "ci": None if binary else bootstrap_interval(deltas),
+        "exact": (wins, losses, len(deltas)) if binary else None,
         "wtl": (wins, len(deltas) - wins - losses, losses),
         "p": p,
     }
@@ -38,7 +71,10 @@ def expected_row(a: dict[str, float], b: dict[str, float]) -> dict:
 def check(row: dict, want: dict) -> None:
     assert row["Δ (A − B)"] == pytest.approx(want["delta"])
     low, high = (float(x) for x in row["95% CI"].strip("[]").split(", "))
-    assert (low, high) == pytest.approx(want["ci"], abs=5e-4)
+    if want["exact"] is None:
+        assert (low, high) == pytest.approx(want["ci"], abs=5e-4)
+    else:  # one pass/fail sample per problem: the exact interval, checked at its ends
+        assert exact_interval_holds(*want["exact"], low, high)
     assert tuple(int(x) for x in row["W/T/L"].split("/")) == want["wtl"]
     assert row["p (sign test)"] == pytest.approx(want["p"])
 
