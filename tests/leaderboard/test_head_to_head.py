@@ -4,41 +4,15 @@ computed here from SQL, with scipy's sign test and a bootstrap written out in nu
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 from boardtest import by_policy, chart_traces, frame, open_app, sql_scores
+from bootstrap_by_hand import bootstrap_interval
 from exact_by_hand import tail
 from scipy.stats import binomtest
 
 from kvbench.leaderboard.queries import Compression
-
-
-def bootstrap_interval(values: list[float]) -> tuple[float, float]:
-    """The studentized bootstrap of 10,000 resamples (seed 0), written out: t* = (mean* − mean)/se*
-    (±inf for a resample without spread that moved), the interval [mean − t*₍₉₇.₅₎·se, mean −
-    t*₍₂.₅₎·se] at the order statistics of the (draws + 1) convention, clipped to [−1, 1]; for
-    differences that do not vary, the exact bound for n equal differences in [−1, 1]."""
-    data = np.asarray(values)
-    n, draws = len(data), 10_000
-    mean = data.mean()
-    if np.ptp(data) == 0:
-        root = 0.025 ** (1 / n)
-        return -1 + (mean + 1) * root, 1 - (1 - mean) * root
-    picks = np.random.default_rng(0).integers(0, n, size=(draws, n))
-    resampled = data[picks]
-    shift = resampled.mean(axis=1) - mean
-    spread = resampled.std(axis=1, ddof=1) / np.sqrt(n)
-    flat = spread < 1e-12
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.sort(
-            np.where(flat, np.where(np.abs(shift) < 1e-12, 0.0, np.sign(shift) * np.inf), shift / spread)
-        )
-    se = data.std(ddof=1) / np.sqrt(n)
-    upper, lower = t[math.ceil(0.975 * (draws + 1)) - 1], t[math.floor(0.025 * (draws + 1)) - 1]
-    return float(np.clip(mean - upper * se, -1, 1)), float(np.clip(mean - lower * se, -1, 1))
 
 
 def exact_interval_holds(wins: int, losses: int, n: int, low: float, high: float) -> bool:

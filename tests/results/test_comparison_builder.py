@@ -17,6 +17,7 @@ import math
 import duckdb
 import numpy as np
 import pytest
+from bootstrap_by_hand import bootstrap_p
 from scipy.stats import binomtest
 
 from kvbench.bench.leaderboard import synthetic_spec
@@ -132,6 +133,15 @@ def sql_pairs(
     ).fetchone()
 
 
+def sql_deltas(con: duckdb.DuckDBPyConnection, arm: list[str], other: list[str]) -> list[float]:
+    """arm − other per shared (task, problem), in the order of their keys."""
+    rows = con.execute(
+        f"SELECT a.m - b.m FROM ({per_problem(con, arm)}) a JOIN ({per_problem(con, other)}) b "
+        "USING (task, problem_id) ORDER BY task, problem_id"
+    ).fetchall()
+    return [d for (d,) in rows]
+
+
 def test_stored_runs_filters_and_orders(con: duckdb.DuckDBPyConnection) -> None:
     everything = stored_runs(con)
     assert [r.run_id for r in everything] == list(RUNS)
@@ -191,21 +201,32 @@ def test_arms_are_paired_with_the_null_and_holm_corrected_together(con: duckdb.D
     arms = table(con)
     null, full = ARMS["random", "null"], ARMS["full", "reference"]
     sql = {key: sql_pairs(con, ARMS[key], null) for key in PAIRED}
-    raw = [binomtest(wins, wins + losses, 0.5).pvalue for _, wins, losses, _ in sql.values()]
-    for (key, (delta, wins, losses, shared)), p_raw, p_holm in zip(
-        sql.items(), raw, holm_by_definition(raw), strict=True
+    signs = [binomtest(wins, wins + losses, 0.5).pvalue for _, wins, losses, _ in sql.values()]
+    # two samples per problem: scores in {0, ½, 1}, so the mean test is the studentized bootstrap's
+    means = [bootstrap_p(sql_deltas(con, ARMS[key], null)) for key in PAIRED]
+    # the difference test: sign test and mean test agreeing in direction, the larger p; Holm over those
+    raw = [
+        max(sign, mean) if (wins > losses) == (delta > 0) else 1.0
+        for (delta, wins, losses, _), sign, mean in zip(sql.values(), signs, means, strict=True)
+    ]
+    for (key, (delta, wins, losses, shared)), p_sign, p_mean, p_holm in zip(
+        sql.items(), signs, means, holm_by_definition(raw), strict=True
     ):
         test = arms[key].test
         assert (test.wins, test.losses, test.ties) == (wins, losses, shared - wins - losses)
         assert test.difference.value == pytest.approx(delta, abs=1e-12)
         assert arms[key].vs_baseline.value == pytest.approx(delta, abs=1e-12)
-        assert test.p_value == pytest.approx(p_raw, rel=1e-12)
+        assert test.p_value == pytest.approx(p_sign, rel=1e-12)
+        assert test.p_mean == pytest.approx(p_mean, rel=1e-12)
         assert test.p_adjusted == pytest.approx(p_holm, rel=1e-12)
+        assert test.family_size == len(PAIRED)
         expected = "inconclusive" if p_holm >= 0.05 else ("beats null" if wins > losses else "loses to null")
         assert arms[key].verdict == expected
     # the store was drawn so that both directions and an inconclusive test appear
     assert [arms[k].verdict for k in PAIRED] == ["inconclusive", "beats null", "loses to null"]
     assert len(set(raw)) == 3 and holm_by_definition(raw) != raw
+    # the mean test is the larger p in at least one row: the sign test alone would not give these numbers
+    assert any(m > s for s, m in zip(signs, means, strict=True))
     # the null is the baseline, not the random policy run made before it, and is not tested against itself
     assert arms["random", "null"].test is None and arms["random", "null"].vs_baseline is None
     assert arms["random", "null"].verdict is None
