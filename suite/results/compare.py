@@ -24,7 +24,7 @@ from kvbench.results.comparison import (
     stored_runs,
     task_metrics,
 )
-from kvbench.results.stats import ALPHA, MAX_PROBLEMS, POWER, Estimate, PowerPlan
+from kvbench.results.stats import MAX_PROBLEMS, POWER, Estimate, PowerPlan
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import refuse_mixed_pool
 from kvbench.specs.resolved import Role
@@ -90,7 +90,6 @@ COLUMNS = (
     "minimum_detectable_effect",
     "problems_needed",
     "problems_needed_for",
-    "sign_test_first",
     "family",
     "family_size",
     "delta_full",
@@ -249,12 +248,11 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.minimum_detectable,
                 test.problems_needed,
                 test.plan.decision if test.plan else None,
-                test.plan.sign_first if test.plan else None,
                 test.family,
                 test.family_size,
             )
             if test is not None
-            else (None,) * 7 + (NO_BASELINE,) + (None,) * 8
+            else (None,) * 7 + (NO_BASELINE,) + (None,) * 7
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -421,10 +419,7 @@ def needed_text(plan: PowerPlan | None, *, differs: bool, margin: float | None, 
         count = f"over {MAX_PROBLEMS:,}" if plan.problems is None else str(plan.problems)
         if short:
             return f"{count} problems {_TO[plan.decision]}"
-        text = f"{count} problems would give {POWER:.0%} power to decide {plan.decision!r}"
-        if plan.sign_first >= ALPHA:  # below the sign test's level it is no more than chance
-            text += f" (the sign test, asked first, would decide {plan.sign_first:.0%} of such runs)"
-        return text
+        return f"{count} problems would give {POWER:.0%} power to decide {plan.decision!r}"
     if not differs:
         return "no problem differs" if short else f"no problem differs from the null at this K: {_CANNOT}"
     if short:
@@ -440,7 +435,7 @@ _CANNOT = "more problems of this probe cannot separate them"
 
 def row_needs(row: dict, *, short: bool = False) -> str:
     """needed_text for a comparison row (its problems_needed and problems_needed_for columns)."""
-    plan = PowerPlan(row["problems_needed_for"], row["problems_needed"], row["sign_test_first"] or 0.0)
+    plan = PowerPlan(row["problems_needed_for"], row["problems_needed"])
     return needed_text(plan, differs=bool(row["wins"] or row["losses"]), margin=row["margin"], short=short)
 
 

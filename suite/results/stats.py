@@ -148,10 +148,6 @@ class PowerPlan:
 
     decision: Decision | None
     problems: int | None
-    sign_first: float = 0.0
-    """Where the decision is *equivalent* and the arm wins more (or fewer) problems than it loses: the
-    sign test's power at ``problems``, which is the share of such runs that end *beats* (or *loses*)
-    instead, since the verdict rule asks the sign test first."""
 
 
 Method = Literal["exact", "bootstrap-t"]
@@ -385,17 +381,23 @@ def plan_decision(
     differences the truth: each problem won with probability ``win_share``, lost with ``loss_share``,
     its difference of mean ``mean`` and standard deviation ``spread``. None without a margin.
 
-    Two tests can decide, and each is planned from what it reads. The sign test sees only signs: its
-    power depends on the share won minus the share lost (the effect) at their sum (the discordance),
-    not on the mean difference; the two coincide for one pass/fail sample per problem. It can decide
-    (*beats* or *loses*, by the sign of the effect) whenever the effect is not 0. The equivalence test
-    reads the mean and spread: it can decide only when the mean lies inside ±margin, and has no spread
-    to plan with when every difference is the same. Where the mean lies outside the margin the figure
-    is the sign test's; inside it, the equivalence test's, unless the sign test would reach the power
-    with fewer problems: the verdict rule asks the sign test first, so that is the verdict the reader
-    would then see. Each figure is its own test's; where both tests have power, a decided verdict of
-    either kind comes with fewer problems than either figure (PowerPlan.sign_first says how often the
-    sign test would pre-empt the equivalence the figure is for).
+    Two tests can decide, and each figure is planned for one of them alone:
+
+    - the difference test (*beats* or *loses*) is planned with the **sign test's** exact power, which
+      depends on the share won minus the share lost (the effect) at their sum (the discordance), not on
+      the mean difference; the two coincide for one pass/fail sample per problem. The difference test
+      also needs the mean test to reject: where that is the weaker of the two, the figure is too low.
+    - the equivalence test (*equivalent*, or *practically equivalent* beside a decided difference) is
+      planned with the **t-test's** power (equivalence_power, normal differences of the observed mean
+      and spread), never below the fewest problems at which it can declare anything (equivalence_floor).
+      For a bootstrap-t metric that is the test's large-sample behaviour; for a pass/fail metric (the
+      exact test, ``exact``) it is a normal approximation, which the exact test meets a little late
+      (docs/limitations.md gives the measured shortfall).
+
+    Where the mean lies outside the margin only the difference test can decide: the figure is the sign
+    test's. Inside it, the figure is the equivalence test's, unless the sign test reaches the power with
+    fewer problems: a reader with that many problems would then first see a *beats* (or *loses*) inside
+    the margin.
     """
     if not margin > 0 or math.isnan(mean):
         return None
@@ -415,8 +417,7 @@ def plan_decision(
     first = sign_test_problems(win_share + loss_share, abs(effect), alpha, power, fewer) if effect else None
     if first is not None:
         return PowerPlan(sign, first)
-    rival = sign_test_power(needed, win_share + loss_share, abs(effect), alpha) if effect and needed else 0.0
-    return PowerPlan("equivalent to null", needed, rival)
+    return PowerPlan("equivalent to null", needed)
 
 
 def equivalence_floor(margin: float, alpha: float = ALPHA, *, exact: bool = False) -> int:

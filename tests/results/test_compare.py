@@ -125,7 +125,7 @@ def test_wide_is_one_table_where_it_fits_and_a_block_per_row_where_it_does_not()
             | {"policy": policy, "verdict": verdict, "model": "phi-4-reasoning", "task": "gpqa-diamond"}
             | {"runtime": "hf/cuda/bfloat16/flash_attention_2", "problems_needed": 19765, "wins": 11}
             | {"ties": 2, "losses": 185, "margin": 0.02, "minimum_detectable_effect": 0.125}
-            | {"problems_needed_for": "equivalent to null", "sign_test_first": 0.125}
+            | {"problems_needed_for": "equivalent to null"}
         )
     for width in (100, 160):
         narrow = Console(width=width, record=True, file=io.StringIO())

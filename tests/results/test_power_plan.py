@@ -202,3 +202,36 @@ def test_a_probe_on_which_every_arm_scores_0_shows_no_count(
         ("policy-01", "0", "0", "inconclusive"),
     ]
     assert {(r["problems_needed"], r["problems_needed_for"]) for r in rows} == {("", "")}
+
+
+def exact_equivalence_power(problems: int, win: float, loss: float, margin: float) -> float:
+    """P(the exact TOST declares equivalence) on ``problems`` pass/fail problems each won with
+    probability ``win`` and lost with ``loss``: every (differing, wins) count's trinomial probability
+    summed where kvbench's exact test decides (counts of probability under 1e-14 left out)."""
+    from kvbench.results.exact_pairs import equivalent
+
+    total = 0.0
+    discordance = win + loss
+    for differing in range(problems + 1):
+        weight = binom.pmf(differing, problems, discordance)
+        if weight < 1e-14:
+            continue
+        won = np.arange(differing + 1)
+        decided = equivalent(won, differing - won, problems, margin, ALPHA)
+        total += weight * binom.pmf(won, differing, win / discordance)[decided].sum()
+    return float(total)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("win", "loss"), [(0.02, 0.02), (0.05, 0.05)])
+def test_the_pass_fail_equivalence_plan_is_a_normal_approximation_a_little_short(
+    win: float, loss: float
+) -> None:
+    """A pass/fail metric's equivalence count is planned with the t-test's power, not the exact test's:
+    at the planned count the exact test's power, enumerated, is below 80% but by no more than the
+    shortfall docs/limitations.md states (6 points, at discordance 0.04)."""
+    mean, spread = win - loss, math.sqrt(win + loss - (win - loss) ** 2)
+    plan = plan_decision(win, loss, mean, spread, MARGIN, exact=True)
+    assert plan is not None and plan.decision == "equivalent to null" and plan.problems is not None
+    power = exact_equivalence_power(plan.problems, win, loss, MARGIN)
+    assert POWER - 0.06 <= power < POWER, (plan, power)
