@@ -9,12 +9,14 @@ once: `kvbench compare --pool`, a suite's ``groups`` and every pooled figure of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 from kvbench.errors import SpecError
-from kvbench.specs.task import LmEvalSource, ProbeSource, TaskSpec
+from kvbench.specs.protocol import ProtocolSpec
+from kvbench.specs.task import LmEvalSource, ProbeSource, Source, TaskSpec
 
 
 class MetricKind(str, Enum):
@@ -80,18 +82,80 @@ class Metric:
         return f"{self.kind}: {self.name}"
 
 
+NEEDLE_QUANTITIES = ("answer_logprob", "needle_survival", "needle_whole_layers")
+"""The samples columns a needle probe (passkey, planted-fact) records besides its exact retrieval, which
+`--metric` can rank by (kvbench.results.summary.QUANTITIES)."""
+NEEDLE_PROBES = ("passkey", "planted-fact")
+
+
+def own_metric(source: Source, grader: str, metric: str) -> str:
+    """The name of the metric a task's own scores are: what its grader or probe computes, or the lm-eval
+    metric it names."""
+    if isinstance(source, ProbeSource):
+        return PROBE_METRICS[source.probe]
+    if isinstance(source, LmEvalSource) and grader != "math":
+        return metric
+    return GRADED
+
+
+def metric_names(source: Source, grader: str, metric: str) -> tuple[str, ...]:
+    """Every metric a task's problems can be compared on: its own, and on a needle probe the quantities
+    it also records."""
+    needle = isinstance(source, ProbeSource) and source.probe in NEEDLE_PROBES
+    return (own_metric(source, grader, metric), *(NEEDLE_QUANTITIES if needle else ()))
+
+
 def task_metric(task: TaskSpec, column: str = TASK_METRIC) -> Metric:
     """The metric behind a task's problem scores in ``column`` of the samples table: the task's own
     (what its grader or probe computes, or the lm-eval metric it names) or another ranked quantity."""
-    if column != TASK_METRIC:
-        name = column
-    elif isinstance(task.source, ProbeSource):
-        name = PROBE_METRICS[task.source.probe]
-    elif isinstance(task.source, LmEvalSource) and task.grader != "math":
-        name = task.metric
-    else:
-        name = GRADED
+    name = column if column != TASK_METRIC else own_metric(task.source, task.grader, task.metric)
     return Metric(name, METRIC_KINDS.get(name, MetricKind.UNBOUNDED))
+
+
+def check_margins(margins: Mapping[str, float], source: Source, grader: str, metric: str) -> None:
+    """A ValueError naming the margin and the fix where a task's ``margins`` names a metric it does not
+    have, or gives a metric scored in [0, 1] a margin of 1 or more (every policy would be equivalent)."""
+    names = metric_names(source, grader, metric)
+    for name, margin in margins.items():
+        if name not in names:
+            raise ValueError(
+                f"`margins.{name}`: this task has no metric {name!r}; its metrics are {', '.join(names)}: "
+                f"key each margin by one of those (e.g. `margins: {{{names[-1]}: 0.1}}`)"
+            )
+        kind = METRIC_KINDS.get(name, MetricKind.UNBOUNDED)
+        if kind != MetricKind.UNBOUNDED and margin >= 1:
+            raise ValueError(
+                f"`margins.{name}` is {margin:g}, but {name} is a {kind} metric scored in [0, 1]: a margin "
+                "of 1 or more calls every policy equivalent to the null; give one below 1, in the metric's "
+                "units (0.02 is 2 points)"
+            )
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The equivalence margin a comparison uses, and where it was declared."""
+
+    value: float
+    """In the metric's units; NaN: none (no equivalence test)."""
+    declared_by: str
+    """Which spec and field gave it ("task passkey: margins.answer_logprob", "protocol protect-prompt:
+    margin"), or why there is none."""
+
+
+def equivalence_margin(task: TaskSpec, protocol: ProtocolSpec, column: str = TASK_METRIC) -> Margin:
+    """The margin of the metric in ``column`` of ``task``'s samples: the one the task declares for it
+    (``margins``), else the protocol's ``margin`` for a metric scored in [0, 1] (pass/fail, proportion),
+    else none: the protocol's margin is in the units of a [0, 1] score, and a log-probability or a KL
+    divergence has others."""
+    metric = task_metric(task, column)
+    if metric.name in task.margins:
+        return Margin(task.margins[metric.name], f"task {task.name}: margins.{metric.name}")
+    if metric.kind != MetricKind.UNBOUNDED:
+        return Margin(protocol.margin, f"protocol {protocol.name}: margin")
+    return Margin(
+        math.nan,
+        f"none: {metric.name} is not scored in [0, 1] and task {task.name} declares no margins.{metric.name}",
+    )
 
 
 def mixed_kinds(metrics: dict[str, Metric]) -> str | None:

@@ -174,6 +174,28 @@ class TaskSpec(StrictSpec):
     )
     """Reference mean generated length per model name; '*' applies to any model."""
     licence: str = "self-written synthetic data"
+    margins: dict[str, Annotated[float, pydantic.Field(gt=0.0, allow_inf_nan=False)]] = pydantic.Field(
+        default_factory=dict, exclude_if=lambda v: not v
+    )
+    """Equivalence margins in each metric's own units, by metric name: the task's ``metric`` (its
+    grader's ``pass@1``, a probe's ``exact`` or ``top1_agreement``) or, on a needle probe, a quantity
+    `--metric` ranks by (``answer_logprob``, ``needle_survival``, ``needle_whole_layers``). A metric
+    left out uses the protocol's ``margin`` when its scores lie in [0, 1], and has no equivalence test
+    when they do not (kvbench.specs.metric_kind.equivalence_margin). Left out of the identity when
+    empty, so runs stored before it existed keep their ids."""
+
+    @pydantic.field_validator("margins")
+    @classmethod
+    def _margins_of_this_tasks_metrics(
+        cls, margins: dict[str, float], info: pydantic.ValidationInfo
+    ) -> dict[str, float]:
+        from kvbench.specs.metric_kind import check_margins
+
+        source, metric = info.data.get("source"), info.data.get("metric")
+        if source is None or metric is None:  # already refused, with its own error
+            return margins
+        check_margins(margins, source, info.data.get("grader", "probe"), metric)
+        return margins
 
     @pydantic.model_validator(mode="before")
     @classmethod
