@@ -42,9 +42,13 @@ shows no evidence that its scores carry information about which tokens matter. T
   where no problem differs says so.
 - The **verdict**: *beats null* or *loses* when an exact two-sided sign test on the problems where the
   arms differ (wins against losses) and the test of Δ that its interval inverts both reject in the same
-  direction, **Holm-corrected** across the policies of the table (the family each row names) at
-  α = 0.05. *equivalent* when two one-sided tests put Δ inside the protocol's ±margin (exact for
-  pass/fail; bootstrap-t, and never under 30 problems, otherwise; Holm-corrected the same way);
+  direction, **Holm-corrected** at α = 0.05 within a family, which the page lists under the table: a
+  task's verdicts across the policies of that task's table (one task at one budget), a pooled column's
+  across the policies of that pool — a family of its own, which the per-task columns are not in, so no
+  comparison is counted in two families. *equivalent* when two one-sided tests put Δ inside ±margin,
+  in the metric's units: the margin the task declares for that metric (`margins` in its spec), else
+  the protocol's for a metric scored in [0, 1], else none (exact for pass/fail; bootstrap-t, and never
+  under 30 problems, otherwise; Holm-corrected the same way);
   *practically equivalent* when both decide (it differs from the null by less than the margin); and
   *inconclusive* when neither test decides: beside it, the problems that would give a decided verdict
   80% power at the observed paired differences, and which verdict ("23 problems to beat", "35 problems

@@ -52,8 +52,11 @@ METHOD = (
     "Cells: pass@1 (or the probe's metric) ± half-width of a 95% bootstrap CI over problems "
     f"({DRAWS:,} draws). Δ vs null: the mean paired difference with its 95% interval (exact for one "
     "pass/fail sample per problem, studentized bootstrap otherwise). *beats*/*loses*: the exact sign "
-    "test and the test of Δ agree, Holm-corrected across this table's policies at α = 0.05; "
-    "*equivalent*: two one-sided tests put Δ inside ±margin (exact, or bootstrap-t from 30 problems; "
+    "test and the test of Δ agree at α = 0.05, Holm-corrected within a family: a task's verdicts across "
+    "the policies of that task's table (one task at one budget, as `kvbench compare`), a pooled column's "
+    "across the policies of that pool, a family of its own that the per-task columns are not in (the "
+    "families are listed below); *equivalent*: two one-sided tests put Δ inside ±margin, the margin in "
+    "the metric's units as the task or protocol declares it (exact, or bootstrap-t from 30 problems; "
     "Holm-corrected too); *practically "
     "equivalent*: both; *inconclusive*: neither, with the problems that "
     "would give a decided verdict 80% power at the observed differences, and which verdict. MDE: the "
@@ -392,6 +395,8 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
         mime="application/vnd.apache.parquet", on_click="ignore",
     )  # fmt: skip
     st.caption(f"{METHOD} {_pooled_text(table)}")
+    if table.families:  # a family's text names tasks and pools that may come from a bundle: shown literally
+        st.caption("Holm families: " + "; ".join(map(literal, table.families)) + ".")
 
 
 NUMBER_FORMATS = {

@@ -22,7 +22,7 @@ from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
 from kvbench.leaderboard.submissions import notices as board_notices
-from kvbench.results.compare import effect_text, needed_text, task_tables
+from kvbench.results.compare import effect_text, holm_families, needed_text, task_tables
 from kvbench.results.comparison import (
     RUNTIME,
     ArmResult,
@@ -186,6 +186,9 @@ class Table:
     mismatched: list[str] = field(default_factory=list)
     """The shown arms whose problems are not the null's (one phrase each): what their paired columns rest
     on."""
+    families: list[str] = field(default_factory=list)
+    """What each Holm correction behind the table's verdicts ran over, one line per family
+    (kvbench.results.compare.holm_families)."""
 
     @property
     def per_task(self) -> bool:
@@ -235,7 +238,7 @@ def leaderboard(
         tasks = sorted({r.task for r in runs})
         common = common_tasks(runs)
         null = next((r.policy for r in runs if r.role == Role.NULL), "random")
-        arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null)
+        arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null, quantity=quantity)
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
@@ -245,11 +248,11 @@ def leaderboard(
     by_kind = pools(metrics, common)
     groups = {"": common} if len(by_kind) == 1 else {k: t for k, t in by_kind.items() if len(t) > 1}
     tested = {
-        label: _by_arm(compare_table(runs, summaries, tasks=members, baseline=null))
+        label: _by_arm(compare_table(runs, summaries, tasks=members, baseline=null, quantity=quantity))
         for label, members in groups.items()
         if label
     }
-    per_task = _per_task(runs, summaries, null) if len(tasks) > 1 else {}
+    per_task = _per_task(runs, summaries, null, quantity) if len(tasks) > 1 else {}
     records = []
     for arm in shown:
         key = _key(arm)
@@ -275,7 +278,12 @@ def leaderboard(
         frame = frame.loc[order].reset_index(drop=True)
         keys = [keys[i] for i in order]
     pool_labels = {("average" if not label else POOLED.format(label)): t for label, t in groups.items()}
-    return Table(frame, tasks, common, run_ids, keys, metrics, pool_labels, list(mismatched.values()))
+    judged = [*arms, *(a for results in tested.values() for a in results.values())]
+    judged += [a for results in per_task.values() for a in results.values()]
+    families = holm_families((a.test.family, a.test.family_size) for a in judged if a.test is not None)
+    return Table(
+        frame, tasks, common, run_ids, keys, metrics, pool_labels, list(mismatched.values()), families
+    )
 
 
 def _key(arm: ArmResult) -> ArmKey:
@@ -287,12 +295,12 @@ def _by_arm(arms: list[ArmResult]) -> dict[ArmKey, ArmResult]:
 
 
 def _per_task(
-    runs: list[StoredRun], summaries: dict[str, CellSummary], null: str
+    runs: list[StoredRun], summaries: dict[str, CellSummary], null: str, quantity: str
 ) -> dict[str, dict[ArmKey, ArmResult]]:
     """Task -> its arms as `kvbench compare` tables them (one table per task and budget; at one
     compression a task has one budget, and a second one's arms would follow the first's)."""
     found: dict[str, dict[ArmKey, ArmResult]] = {}
-    for table in task_tables(runs, summaries, null):
+    for table in task_tables(runs, summaries, null, quantity):
         found.setdefault(table.context[1], {}).update(_by_arm(table.arms))
     return found
 

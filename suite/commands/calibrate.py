@@ -97,6 +97,7 @@ def aa_comparisons(cells: list[Cell], database: Path) -> list[tuple[str, PairedC
     """Each (model, task, budget)'s null at seeds s0 + 2i against s0 + 2i + 1, judged on its own."""
     from kvbench.results.stats import compare_arms, verdicts
     from kvbench.results.summary import summarize
+    from kvbench.specs.metric_kind import equivalence_margin
     from kvbench.specs.resolved import Role
     from kvbench.store.ingest import reading
 
@@ -110,7 +111,7 @@ def aa_comparisons(cells: list[Cell], database: Path) -> list[tuple[str, PairedC
     for (model, task, budget), seeds in by_cell.items():
         for a, b in zip(seeds[::2], seeds[1::2], strict=False):
             scores = summaries[a.run_id].scores, summaries[b.run_id].scores
-            (judged,) = verdicts([compare_arms(*scores, a.protocol.margin)])
+            (judged,) = verdicts([compare_arms(*scores, equivalence_margin(a.task, a.protocol).value)])
             out.append((f"{model}/{task}@{budget} seeds {a.protocol.seed}-{b.protocol.seed}", judged))
     return out
 

@@ -136,7 +136,7 @@ def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
     """Every policy cell's verdict against its null, with the margin and the minimum detectable effect:
     what the suite's results say, beside whether they moved."""
     from kvbench.commands.run import build_report
-    from kvbench.results.compare import effect_text, verdict_text
+    from kvbench.results.compare import effect_text, margin_text, verdict_text
 
     table = Table(title="verdicts against the null (Holm across each table's policies)")
     for column in ("cell", "Δ vs null [95% CI]", "W/T/L", "verdict", "margin / MDE"):
@@ -149,7 +149,7 @@ def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
             f"{row['delta']:+.4f} [{row['delta_low']:+.4f}, {row['delta_high']:+.4f}]",
             f"{row['wins']}/{row['ties']}/{row['losses']}",
             verdict_text(row),
-            f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
+            f"{margin_text(row['margin'])} / {effect_text(row['minimum_detectable_effect'])}",
         )
     if table.row_count:
         console.print(table)

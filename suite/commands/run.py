@@ -154,6 +154,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="rank and pair arms by the task's metric (default), or on needle probes by the answer's "
         "log-probability, the share of the needle kept, or the share of layers holding all of it",
     )
+    cmp.add_argument(
+        "--family",
+        choices=["table", "sweep"],
+        default="table",
+        help="what each Holm correction runs over: the policies of one table (one task at one budget; "
+        "default), or every task and budget of one model, protocol, runtime and seed together (a sweep); "
+        "pooled tables form a family of their own either way",
+    )
     cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
     add_wide_argument(cmp)
     cmp.set_defaults(func=compare_command)
@@ -387,7 +395,15 @@ def compare_command(args: argparse.Namespace) -> int:
         )
     pools = tuple(_parse_pool(text) for text in args.pool)
     filters = Filters(
-        args.model, args.task, args.protocol, args.budget, args.against, pools, args.seed, args.metric
+        args.model,
+        args.task,
+        args.protocol,
+        args.budget,
+        args.against,
+        pools,
+        args.seed,
+        args.metric,
+        args.family,
     )
     rows = compare(args.db, filters)
     if args.format != "table":
@@ -399,7 +415,8 @@ def compare_command(args: argparse.Namespace) -> int:
     measured = "" if args.metric == "score" else f" by {args.metric}"
     print_comparison(
         rows,
-        f"policies against {args.against}{measured} (Holm-corrected sign tests over problems)",
+        f"policies against {args.against}{measured} (α = 0.05, Holm-corrected over the family named under "
+        "each table)",
         wide=args.wide,
     )
     return 0

@@ -12,7 +12,8 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvbench.errors import SpecError
@@ -21,6 +22,7 @@ from kvbench.results.comparison import (
     ArmResult,
     StoredRun,
     compare_table,
+    judged_together,
     stored_runs,
     task_metrics,
 )
@@ -44,6 +46,17 @@ class Filters:
     """Only runs under this protocol seed (``kvbench run``'s own tables)."""
     quantity: str = "score"
     """What arms are ranked and paired by: a name in kvbench.results.summary.QUANTITIES."""
+    family: str = "table"
+    """What each Holm correction runs over: a name in FAMILIES."""
+
+
+FAMILIES = {
+    "table": "the policies of one table: one task at one budget, or one pooled table",
+    "sweep": "every table of one model, protocol, runtime, seed and source, across tasks and budgets "
+    "(pooled tables: every pooled table of them, a family of their own)",
+}
+"""`kvbench compare --family`: what a Holm correction runs over. Filters (--task, --budget) never change
+a family: a sweep's family is formed before they choose the rows shown."""
 
 
 COLUMNS = (
@@ -86,6 +99,7 @@ COLUMNS = (
     "p_holm",
     "verdict",
     "margin",
+    "margin_from",
     "p_equivalence_holm",
     "minimum_detectable_effect",
     "problems_needed",
@@ -101,7 +115,8 @@ COLUMNS = (
 """``submission``: the sha256 of the bundle whose runs a row compares, on a board; empty for one's own
 runs. ``p_sign``: the sign test; ``p_mean``: the test of the mean difference that the Δ interval inverts
 (``method``: exact or bootstrap-t); ``p_holm``: the larger of the two, Holm-corrected over ``family``
-(``family_size`` comparisons)."""
+(``family_size`` comparisons); ``margin``: the equivalence margin in the metric's units, and
+``margin_from`` the spec field that declared it."""
 
 
 def compare(database: Path, filters: Filters) -> list[dict]:
@@ -120,10 +135,32 @@ def compare(database: Path, filters: Filters) -> list[dict]:
                 + f"; tasks with stored runs: {', '.join(sorted(metrics)) or 'none'}"
             )
         refuse_mixed_pool(f"--pool {name}={','.join(tasks)}", {t: metrics[t] for t in tasks})
-    rows = _per_task(runs, summaries, filters)
-    for name, tasks in filters.pools:
-        if filters.task is None or filters.task in (name, *tasks):
-            rows += _pooled(name, tasks, runs, summaries, filters)
+    sweep = filters.family == "sweep"  # a sweep's family spans every task: none filtered out first
+    tables = task_tables(
+        [r for r in runs if sweep or filters.task in (None, r.task)],
+        summaries,
+        filters.against,
+        filters.quantity,
+    )
+    pooled = [
+        table
+        for name, tasks in filters.pools
+        if sweep or filters.task in (None, name, *tasks)
+        for table in pooled_tables(name, tasks, runs, summaries, filters)
+    ]
+    if sweep:
+        tables, pooled = sweep_families(tables), sweep_families(pooled)
+    rows = []
+    for table in [*tables, *pooled]:
+        if filters.budget is not None and table.budget != filters.budget:
+            continue
+        if filters.task not in (None, *table.members, table.context[1]):
+            continue
+        pooled_row = len(table.members) > 1
+        rows += [
+            arm_row(table.context, table.budget, table.ratio, arm, pooled=pooled_row)
+            for arm in _sorted(table.arms, filters.against)
+        ]
     return rows
 
 
@@ -141,64 +178,78 @@ class TaskTable:
     together. The leaderboard's per-task verdicts are these tables', so the two say the same."""
 
     context: tuple[str, str, str, str, int, str]
-    """(model, task, protocol, runtime, seed, source)."""
+    """(model, task, protocol, runtime, seed, source); for a pooled table the pool's name is the task."""
     budget: int | None
     ratio: float | None
     arms: list[ArmResult]
     """Every arm of the table, the baseline and the full cache included."""
+    members: tuple[str, ...] = ()
+    """The tasks of a pooled table (empty: one task's table)."""
 
 
-def task_tables(runs: list[StoredRun], summaries: dict[str, CellSummary], against: str) -> list[TaskTable]:
+def task_tables(
+    runs: list[StoredRun], summaries: dict[str, CellSummary], against: str, quantity: str = "score"
+) -> list[TaskTable]:
     """Every (model, task, protocol, runtime, seed, budget) table of ``runs``, each compared against the
-    arm of policy ``against``."""
+    arm of policy ``against`` on ``quantity`` (what ``summaries`` hold)."""
     tables = []
     for (context, budget), members in _tables(runs, key=lambda r: (r.context, r.budget)).items():
         references = [r for r in runs if r.role == Role.REFERENCE and r.context == context]
-        arms = compare_table(members + references, summaries, tasks=(context[1],), baseline=against)
+        arms = compare_table(
+            members + references, summaries, tasks=(context[1],), baseline=against, quantity=quantity
+        )
         tables.append(TaskTable(context, budget, members[0].ratio, arms))
     return tables
 
 
-def _per_task(runs: list[StoredRun], summaries: dict[str, CellSummary], filters: Filters) -> list[dict]:
-    runs = [r for r in runs if filters.task is None or r.task == filters.task]
-    rows: list[dict] = []
-    for table in task_tables(runs, summaries, filters.against):
-        if filters.budget is not None and table.budget != filters.budget:
-            continue
-        rows += [
-            arm_row(table.context, table.budget, table.ratio, arm, pooled=False)
-            for arm in _sorted(table.arms, filters.against)
-        ]
-    return rows
-
-
-def _pooled(
+def pooled_tables(
     name: str,
     tasks: tuple[str, ...],
     runs: list[StoredRun],
     summaries: dict[str, CellSummary],
     filters: Filters,
-) -> list[dict]:
+) -> list[TaskTable]:
     """One table per (model, protocol, runtime, seed, ratio or fixed K): arms that ran every task, pooled."""
 
     def shared(r: StoredRun) -> tuple:  # the pairing context without the task
         return r.model, r.protocol, r.runtime, r.seed, r.source
 
     members = [r for r in runs if r.task in tasks]
-    rows: list[dict] = []
+    tables = []
     for (context, ratio, budget), group in _tables(
         members, key=lambda r: (shared(r), r.ratio, None if r.ratio else r.budget)
     ).items():
-        if filters.budget is not None and budget != filters.budget:
-            continue
         references = [r for r in members if r.role == Role.REFERENCE and shared(r) == context]
-        arms = compare_table(group + references, summaries, tasks=tasks, baseline=filters.against)
+        arms = compare_table(
+            group + references, summaries, tasks=tasks, baseline=filters.against, quantity=filters.quantity
+        )
         if not any(a.policy == filters.against and a.role != Role.REFERENCE for a in arms):
             continue
-        model, protocol, runtime, seed, _ = context
-        key = (model, name, protocol, runtime, seed)
-        rows += [arm_row(key, budget, ratio, arm, pooled=True) for arm in _sorted(arms, filters.against)]
-    return rows
+        model, protocol, runtime, seed, source = context
+        tables.append(TaskTable((model, name, protocol, runtime, seed, source), budget, ratio, arms, tasks))
+    return tables
+
+
+def sweep_families(tables: list[TaskTable]) -> list[TaskTable]:
+    """``tables`` with their tests Holm-corrected as one family per (model, protocol, runtime, seed,
+    source): every task and budget of a sweep together (pooled tables are passed apart, and so form their
+    own family)."""
+
+    def sweep(table: TaskTable) -> tuple:
+        model, _, protocol, runtime, seed, source = table.context
+        return model, protocol, runtime, seed, source
+
+    groups: dict[tuple, list[int]] = {}
+    for index, table in enumerate(tables):
+        groups.setdefault(sweep(table), []).append(index)
+    out = list(tables)
+    for (model, protocol, runtime, seed, _), indices in groups.items():
+        kind = "pooled table" if tables[indices[0]].members else "task × budget table"
+        family = f"every {kind} of {model} · {protocol} · {runtime} seed {seed} ({len(indices)} tables)"
+        judged = judged_together([tables[i].arms for i in indices], family)
+        for i, arms in zip(indices, judged, strict=True):
+            out[i] = replace(tables[i], arms=arms)
+    return out
 
 
 def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
@@ -244,6 +295,7 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.p_adjusted,
                 test.verdict,
                 test.margin,
+                test.margin_from,
                 test.p_equivalence_adjusted,
                 test.minimum_detectable,
                 test.problems_needed,
@@ -252,7 +304,7 @@ def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult,
                 test.family_size,
             )
             if test is not None
-            else (None,) * 7 + (NO_BASELINE,) + (None,) * 7
+            else (None,) * 7 + (NO_BASELINE,) + (None,) * 8
         ),
         None if arm.vs_full is None else arm.vs_full.value,
         arm.score.problems,
@@ -330,7 +382,7 @@ def display_cells(row: dict) -> list[str]:
         verdict_text(row),
         "—"
         if row["margin"] is None
-        else f"±{row['margin']:g} / {effect_text(row['minimum_detectable_effect'])}",
+        else f"{margin_text(row['margin'])} / {effect_text(row['minimum_detectable_effect'])}",
         _number(row["delta_full"], "+.3f"),
     ]
 
@@ -444,7 +496,7 @@ def power_notes(rows: list[dict]) -> list[str]:
     one line where no arm of the table differs from the null on any problem."""
     tested = [r for r in rows if r["wins"] is not None]
     waiting = [r for r in tested if r["verdict"] == "inconclusive"]
-    notes = family_notes(tested)
+    notes = family_notes(tested) + margin_notes(tested)
     if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
         return [*notes, NO_DIFFERENCE]
     return [*notes, *(f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting)]
@@ -452,8 +504,26 @@ def power_notes(rows: list[dict]) -> list[str]:
 
 def family_notes(rows: list[dict]) -> list[str]:
     """What each Holm correction of these rows ran over, once per family."""
-    seen = dict.fromkeys((r.get("family"), r.get("family_size")) for r in rows if r.get("family"))
-    return [f"Holm over {size} comparison{'s' * (size != 1)}: {family}" for family, size in seen]
+    return holm_families((r.get("family"), r.get("family_size")) for r in rows if r.get("family"))
+
+
+def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
+    """One line per (family, size), in order, each once: what a Holm correction ran over."""
+    return [
+        f"Holm over {size} comparison{'s' * (size != 1)}: {family}"
+        for family, size in dict.fromkeys(families)
+    ]
+
+
+def margin_notes(rows: list[dict]) -> list[str]:
+    """Which equivalence margin these rows used and which spec field declared it, once per margin."""
+    seen = dict.fromkeys((r.get("margin"), r.get("margin_from")) for r in rows if r.get("margin_from"))
+    return [f"equivalence margin {margin_text(margin)}: {where}" for margin, where in seen]
+
+
+def margin_text(margin: float | None) -> str:
+    """±margin in the metric's units; "none" where the metric has none (no equivalence test)."""
+    return "none" if margin is None or math.isnan(margin) else f"±{margin:g}"
 
 
 def verdict_text(row: dict) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import duckdb
@@ -33,7 +33,7 @@ from kvbench.results.stats import (
 )
 from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
-from kvbench.specs.metric_kind import Metric, task_metric
+from kvbench.specs.metric_kind import Margin, Metric, equivalence_margin, task_metric
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
@@ -200,6 +200,7 @@ def compare_table(
     tasks: Sequence[str],
     also: Sequence[str] = (),
     baseline: str = "random",
+    quantity: str = "score",
 ) -> list[ArmResult]:
     """Every arm of one table, pooled over ``tasks`` (arms that miss one of them are left out).
 
@@ -208,15 +209,49 @@ def compare_table(
     ``baseline`` that is not the full-cache reference (its null run, if it also ran as a policy).
     Tasks in ``also`` are not pooled, but an arm's runs and per-task scores on them are reported.
     Each source's runs (one's own, each submission's) are compared apart, in the order they come.
+    ``quantity`` is what ``summaries`` hold (kvbench.results.summary.QUANTITIES): it picks the margin.
+    The tests are Holm-corrected across the table's policies (table_family); judged_together corrects
+    several tables as one family instead.
     """
     sources = dict.fromkeys(run.source for run in runs)
     return [
         arm
         for source in sources
         for arm in _compare_source(
-            [r for r in runs if r.source == source], summaries, tasks=tasks, also=also, baseline=baseline
+            [r for r in runs if r.source == source],
+            summaries,
+            tasks=tasks,
+            also=also,
+            baseline=baseline,
+            quantity=quantity,
         )
     ]
+
+
+def table_family(runs: Sequence[StoredRun], tasks: Sequence[str], baseline: str) -> str:
+    """How a table's Holm family reads under it: its policies, task or pool, and budget."""
+    budgets = {r.budget for r in runs if r.role != Role.REFERENCE}
+    ratios = {r.ratio for r in runs if r.role != Role.REFERENCE}
+    at = ""
+    if len(tasks) == 1 and len(budgets) == 1 and None not in budgets:
+        at = f" at K={budgets.pop()}"
+    elif len(ratios) == 1 and None not in ratios:
+        at = f" at N_avg/{ratios.pop():g}"
+    if len(tasks) == 1:
+        return f"the policies of the {tasks[0]} table{at}, against {baseline}"
+    return (
+        f"the policies of the pooled {' + '.join(tasks)} table{at}, against {baseline} "
+        "(a pooled table is a family apart: its per-task rows are not in it)"
+    )
+
+
+def judged_together(tables: Sequence[Sequence[ArmResult]], family: str) -> list[list[ArmResult]]:
+    """The arms of several tables, every test among them Holm-corrected as one ``family`` (a sweep's
+    tables together) instead of table by table; what the tests read (their raw p-values) is kept."""
+    judged = iter(
+        holm_verdicts([a.test for table in tables for a in table if a.test is not None], family=family)
+    )
+    return [[replace(a, test=next(judged)) if a.test is not None else a for a in table] for table in tables]
 
 
 def _compare_source(
@@ -226,6 +261,7 @@ def _compare_source(
     tasks: Sequence[str],
     also: Sequence[str],
     baseline: str,
+    quantity: str,
 ) -> list[ArmResult]:
     """compare_table on the runs of one source."""
     chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
@@ -271,15 +307,16 @@ def _compare_source(
     nulls = {arm: partner_runs(arm, base, Role.NULL) for arm in arms}
     fulls = {arm: partner_runs(arm, full, Role.REFERENCE) for arm in arms}
     tested = [a for a in arms if a != base and a[2] != Role.REFERENCE and nulls[a]]
-    # the margin is the protocol's, which every run of a table shares (the table is keyed by protocol)
+    column = QUANTITIES[quantity]
+    margins = {a: table_margin([arms[a][t] for t in tasks], column) for a in tested}
     family = [
-        compare_arms(pooled[a], scores(nulls[a]) or {}, arms[a][tasks[0]].spec.protocol.margin)
+        replace(
+            compare_arms(pooled[a], scores(nulls[a]) or {}, margins[a].value),
+            margin_from=margins[a].declared_by,
+        )
         for a in tested
     ]
-    described = f"the policies of one table against {baseline} on {' + '.join(tasks)}" + (
-        "" if len(tasks) == 1 else " pooled (a family apart from the per-task tables)"
-    )
-    tests = dict(zip(tested, holm_verdicts(family, family=described), strict=True))
+    tests = dict(zip(tested, holm_verdicts(family, family=table_family(runs, tasks, baseline)), strict=True))
     results = []
     for arm, got in arms.items():
         parts = [summaries[got[t].run_id] for t in tasks]
@@ -330,6 +367,22 @@ def _compare_source(
             )
         )
     return results
+
+
+def table_margin(runs: Sequence[StoredRun], column: str) -> Margin:
+    """The equivalence margin of a comparison over ``runs`` (one per task) on the samples' ``column``
+    (kvbench.specs.metric_kind.equivalence_margin): one task's, or for a pool the smallest of its tasks'
+    (equivalence within the narrowest margin is what every task's spec accepts); none if a task has
+    none."""
+    margins = [equivalence_margin(run.spec.task, run.spec.protocol, column) for run in runs]
+    missing = next((m for m in margins if math.isnan(m.value)), None)
+    if missing is not None:
+        return missing
+    smallest = min(margins, key=lambda m: m.value)
+    if len({(m.value, m.declared_by) for m in margins}) == 1:
+        return smallest
+    each = "; ".join(f"{m.declared_by} = {m.value:g}" for m in margins)
+    return Margin(smallest.value, f"the smallest of the pooled tasks' ({each})")
 
 
 def _bounded(*scores: Mapping[Any, float]) -> bool:

@@ -186,8 +186,10 @@ class PairedComparison:
     the 95% interval exactly when p_mean < 0.05."""
     method: Method = "bootstrap-t"
     family: str = "table"
-    """What the Holm correction ran over (kvbench.results.families)."""
+    """What the Holm correction ran over, in words (kvbench.results.comparison.table_family)."""
     family_size: int = 1
+    margin_from: str = ""
+    """Which spec and field declared ``margin`` (kvbench.specs.metric_kind.equivalence_margin)."""
 
     @property
     def p_difference(self) -> float:

@@ -214,7 +214,8 @@ def test_margin_power_and_problems_needed_are_shown(store: Path) -> None:
     assert display_cells(tied)[-3].endswith("; 80% power: no problem differs")
     assert shown.loc["policy-02", "problems for 80% power"] == "no problem differs"
     assert power_notes(list(rows.values())) == [
-        "Holm over 4 comparisons: the policies of one table against random on task-0",
+        "Holm over 4 comparisons: the policies of the task-0 table at K=256, against random",
+        f"equivalence margin ±{MARGIN:g}: protocol protect-prompt: margin",
         "policy-02: inconclusive; no problem differs from the null at this K: more problems of this "
         "probe cannot separate them",
         f"policy-03: inconclusive; {plan.problems} problems would give 80% power to decide 'beats null'",
