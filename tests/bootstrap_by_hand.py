@@ -49,3 +49,13 @@ def bootstrap_p(values: list[float], null: float = 0.0) -> float:
     above = (1 + np.sum(t >= observed)) / (DRAWS + 1)
     below = (1 + np.sum(t <= observed)) / (DRAWS + 1)
     return float(min(1.0, 2 * min(above, below)))
+
+
+def bootstrap_tost(values: list[float], margin: float) -> float:
+    """The bootstrap-t TOST on differences that vary: the larger of (1 + #{t* ≥ (mean + margin)/se})/(1 +
+    draws), against mean ≤ −margin, and (1 + #{t* ≤ (mean − margin)/se})/(1 + draws), against mean ≥
+    +margin."""
+    mean, se, t = studentized(values)
+    above = (1 + np.sum(t >= (mean + margin) / se)) / (DRAWS + 1)
+    below = (1 + np.sum(t <= (mean - margin) / se)) / (DRAWS + 1)
+    return float(max(above, below))

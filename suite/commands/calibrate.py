@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from rich.table import Table
 from kvbench.commands.common import console, output_file, output_folder
 
 if TYPE_CHECKING:
+    from kvbench.results.aa import Exchangeability, ShiftCalibration
     from kvbench.results.stats import PairedComparison
     from kvbench.runner.plan import Cell
 
@@ -45,6 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def calibrate_command(args: argparse.Namespace) -> int:
     from kvbench.errors import SpecError
+    from kvbench.results.aa import injected_shift, seed_exchangeability
     from kvbench.results.stats import calibration
     from kvbench.runner.orchestrate import run_cells
     from kvbench.store.atomic import atomic_write
@@ -57,12 +60,18 @@ def calibrate_command(args: argparse.Namespace) -> int:
         output_file(args.json, "--json")  # before the runs, not after them
     cells = replicate_cells(args)
     completed = run_cells(cells, args.out, progress=not args.quiet)
-    tally = aa_comparisons(completed.cells, ingest(args.out).snapshot)
+    groups = null_seeds(completed.cells, ingest(args.out).snapshot)
+    tally = aa_comparisons(groups)
     result = calibration([c for _, c in tally])
+    exchange = seed_exchangeability({label: g.scores for label, g in groups.items()})
+    shift = injected_shift(shifted_pairs(groups))
     print_calibration(result)
+    print_checks(exchange, shift)
     if args.json:
         document = {
             "calibration": asdict(result),
+            "exchangeability": asdict(exchange),
+            "injected_shift": asdict(shift),
             "comparisons": [{"cell": label, **asdict(c)} for label, c in tally],
         }
         text = json.dumps(document, indent=1, default=str) + "\n"
@@ -93,9 +102,22 @@ def replicate_cells(args: argparse.Namespace) -> list[Cell]:
     return list({c.run_id: c for c in cells}.values())
 
 
-def aa_comparisons(cells: list[Cell], database: Path) -> list[tuple[str, PairedComparison]]:
-    """Each (model, task, budget)'s null at seeds s0 + 2i against s0 + 2i + 1, judged on its own."""
-    from kvbench.results.stats import compare_arms, verdicts
+@dataclass(frozen=True)
+class NullSeeds:
+    """One (model, task, budget) cell's null at every seed, in seed order, and its equivalence margin."""
+
+    seeds: list[int]
+    scores: list[dict[str, float]]
+    """Per seed: problem id -> score."""
+    margin: float
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Indices of the disjoint A/A pairs: seeds s0 + 2i against s0 + 2i + 1."""
+        return [(i, i + 1) for i in range(0, len(self.seeds) - 1, 2)]
+
+
+def null_seeds(cells: list[Cell], database: Path) -> dict[str, NullSeeds]:
+    """Cell label ("model/task@K") -> its null's scores at each seed."""
     from kvbench.results.summary import summarize
     from kvbench.specs.metric_kind import equivalence_margin
     from kvbench.specs.resolved import Role
@@ -104,16 +126,31 @@ def aa_comparisons(cells: list[Cell], database: Path) -> list[tuple[str, PairedC
     nulls = [c for c in cells if c.role == Role.NULL]
     with reading(database) as con:
         summaries = summarize(con, [c.run_id for c in nulls])
-    by_cell: dict[tuple[str, str, int | None], list[Cell]] = {}
+    found: dict[str, NullSeeds] = {}
     for cell in sorted(nulls, key=lambda c: c.protocol.seed):
-        by_cell.setdefault((cell.model.name, cell.task.name, cell.budget), []).append(cell)
+        label = f"{cell.model.name}/{cell.task.name}@{cell.budget}"
+        margin = equivalence_margin(cell.task, cell.protocol).value
+        group = found.setdefault(label, NullSeeds([], [], margin))
+        group.seeds.append(cell.protocol.seed)
+        group.scores.append(summaries[cell.run_id].scores)
+    return found
+
+
+def aa_comparisons(groups: dict[str, NullSeeds]) -> list[tuple[str, PairedComparison]]:
+    """Each cell's null at seeds s0 + 2i against s0 + 2i + 1, judged on its own."""
+    from kvbench.results.stats import compare_arms, verdicts
+
     out = []
-    for (model, task, budget), seeds in by_cell.items():
-        for a, b in zip(seeds[::2], seeds[1::2], strict=False):
-            scores = summaries[a.run_id].scores, summaries[b.run_id].scores
-            (judged,) = verdicts([compare_arms(*scores, equivalence_margin(a.task, a.protocol).value)])
-            out.append((f"{model}/{task}@{budget} seeds {a.protocol.seed}-{b.protocol.seed}", judged))
+    for label, group in groups.items():
+        for a, b in group.pairs():
+            (judged,) = verdicts([compare_arms(group.scores[a], group.scores[b], group.margin)])
+            out.append((f"{label} seeds {group.seeds[a]}-{group.seeds[b]}", judged))
     return out
+
+
+def shifted_pairs(groups: dict[str, NullSeeds]) -> list[tuple[dict[str, float], dict[str, float], float]]:
+    """The same A/A pairs with their cell's margin: what kvbench.results.aa.injected_shift moves."""
+    return [(g.scores[a], g.scores[b], g.margin) for g in groups.values() for a, b in g.pairs()]
 
 
 def print_calibration(result) -> None:
@@ -129,4 +166,29 @@ def print_calibration(result) -> None:
         f"{result.comparisons} comparisons, those that can reject (α = 5%; their exact attainable levels "
         f"sum to {result.expected:.2f} expected false positives); shown 95% intervals covering 0 where "
         f"some problem differs: {result.covered:.1%}"
+    )
+
+
+def print_checks(exchange: Exchangeability, shift: ShiftCalibration) -> None:
+    """The pooled exchangeability test of the null's seeds and the equivalence test's level at an injected
+    shift, each with what it rests on."""
+    if math.isnan(exchange.p_value):
+        console.print("seeds exchangeable: not tested (no problem's null score differs between seeds)")
+    else:
+        console.print(
+            f"seeds exchangeable (pooled permutation test over {len(exchange.cells)} cell(s), up to "
+            f"{exchange.seeds} seeds each, {exchange.draws:,} shuffles): p = {exchange.p_value:.3f}"
+        )
+    if not shift.comparisons:
+        console.print(
+            f"equivalence at a shift of one margin: not measured; none of the {shift.left_out} pairs has "
+            "a margin and enough problems to declare equivalence (30 for a continuous metric, 149 for "
+            "pass/fail at ±0.02)"
+        )
+        return
+    console.print(
+        f"equivalence at a shift of one margin (at most 5% where the test holds its level): "
+        f"{shift.equivalent} of {shift.comparisons} pairs, {shift.rate:.1%} [95% Clopper-Pearson "
+        f"{shift.low:.1%}, {shift.high:.1%}]"
+        + (f"; {shift.left_out} pairs could not be counted" if shift.left_out else "")
     )

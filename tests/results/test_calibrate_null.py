@@ -1,6 +1,8 @@
 """`kvbench calibrate-null` on the seeded tiny Qwen3: the null against itself at disjoint pairs of
 protocol seeds must come out "beats" or "loses" no more often than α, over enough comparisons to tell a
-5% rate from 15%. Every comparison is recomputed here from the stored samples with scipy's sign test."""
+5% rate from 15%; its seeds must be exchangeable; and with the true difference moved onto the margin,
+*equivalent* must come out at most α of the time. Every comparison is recomputed here from the stored
+samples: scipy's sign test, a bootstrap-t TOST and a permutation test written out in numpy."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import json
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
+from bootstrap_by_hand import bootstrap_tost
 from invoke import kvbench
 from scipy.stats import binomtest
 
@@ -18,8 +22,8 @@ TASK = """
 spec_version: 1
 name: aa-fidelity
 version: 1
-description: The fidelity probe on a 512-token trace, eight problems (A/A pairs in CI).
-source: {kind: probe, probe: fidelity, problems: 8, length: 512}
+description: The fidelity probe on a 512-token trace, 30 problems (A/A pairs in CI).
+source: {kind: probe, probe: fidelity, problems: 30, length: 512}
 metric: top1_agreement
 samples: 1
 """
@@ -32,8 +36,10 @@ tasks: [{task}]
 policies: [streaming]
 protocol: protect-prompt
 ratios: [2]
-limit: 8
+limit: 30
 """
+PROBLEMS = 30
+"""The fewest at which the bootstrap-t declares equivalence: the injected shift can then be measured."""
 
 
 @pytest.mark.slow
@@ -62,7 +68,7 @@ def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(t
     scores: dict[int, dict[str, float]] = {}
     for seed, problem, score in rows:
         scores.setdefault(seed, {})[problem] = score
-    assert sorted(scores) == list(range(2 * PAIRS)) and all(len(s) == 8 for s in scores.values())
+    assert sorted(scores) == list(range(2 * PAIRS)) and all(len(s) == PROBLEMS for s in scores.values())
     # a probe's K is fixed: no full-cache arm was run for it
     assert con.execute("SELECT DISTINCT policy FROM runs").fetchall() == [("random",)]
     different, discordant, testable = 0, 0, 0
@@ -82,6 +88,40 @@ def test_the_null_against_itself_is_called_different_at_most_alpha_of_the_time(t
     assert calibration["false_positive_rate"] * testable <= different
     assert calibration["false_positive_rate"] <= 0.05
     assert f"over {testable} of {PAIRS} comparisons" in done.stdout
+
+    # the seeds are exchangeable: a permutation test written out here (each problem's scores shuffled
+    # across the 48 seeds) agrees with the report within Monte Carlo error, and does not reject
+    exchange = report["exchangeability"]
+    matrix = np.array([[scores[seed][p] for seed in sorted(scores)] for p in sorted(scores[0])])
+    assert exchange["p_value"] == pytest.approx(permutation_p(matrix), abs=0.03)
+    assert exchange["p_value"] > 0.01 and exchange["seeds"] == 2 * PAIRS
+    # equivalence with the true difference on the margin: the second seed of each pair moved by ±margin
+    # (up for even pairs), each pair judged alone; the count recomputed with a TOST written out here
+    shift = report["injected_shift"]
+    margin = 0.02  # the protocol's: fidelity's top-1 agreement is a proportion and the task declares none
+    equivalent = 0
+    for i in range(PAIRS):
+        a, b = scores[2 * i], scores[2 * i + 1]
+        moved = {p: b[p] + (margin if i % 2 == 0 else -margin) for p in b}
+        equivalent += bootstrap_tost([a[p] - moved[p] for p in sorted(a)], margin) < 0.05
+    assert (shift["comparisons"], shift["equivalent"], shift["left_out"]) == (PAIRS, equivalent, 0)
+    assert shift["rate"] <= 0.05 and shift["high"] < 0.15
+    assert f"{equivalent} of {PAIRS} pairs" in " ".join(done.stdout.split())
+
+
+def permutation_p(matrix: np.ndarray, draws: int = 10_000) -> float:
+    """(1 + #{shuffles with a spread of seed means at least the observed})/(1 + draws), each problem's
+    row shuffled on its own, one shuffle at a time."""
+    rng = np.random.default_rng(12345)
+
+    def spread(m: np.ndarray) -> float:
+        return float(np.var(m.mean(axis=0)))
+
+    observed = spread(matrix)
+    at_least = sum(
+        spread(np.array([rng.permutation(row) for row in matrix])) >= observed - 1e-12 for _ in range(draws)
+    )
+    return (1 + at_least) / (1 + draws)
 
 
 def test_a_full_cache_arm_is_run_only_where_the_nulls_budget_waits_on_it(tmp_path: Path) -> None:

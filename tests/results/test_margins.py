@@ -11,10 +11,9 @@ from pathlib import Path
 
 import duckdb
 import invoke
-import numpy as np
 import pytest
 import yaml
-from bootstrap_by_hand import DRAWS, studentized
+from bootstrap_by_hand import bootstrap_tost
 
 from kvbench.bench.leaderboard import synthetic_store
 from kvbench.errors import SpecError
@@ -32,15 +31,6 @@ SHIFT = {"policy-00": 0.05, "policy-01": -0.5}
 def declared(task: str, metric: str) -> float:
     """The margin a task's YAML declares for a metric, read from the file itself."""
     return yaml.safe_load((TASKS / f"{task}.yaml").read_text())["margins"][metric]
-
-
-def tost_by_hand(deltas: list[float], margin: float) -> float:
-    """The bootstrap-t TOST: the larger of (1 + #{t* ≥ (mean + margin)/se})/(1 + draws) and
-    (1 + #{t* ≤ (mean − margin)/se})/(1 + draws)."""
-    mean, se, t = studentized(deltas)
-    above = (1 + np.sum(t >= (mean + margin) / se)) / (DRAWS + 1)
-    below = (1 + np.sum(t <= (mean - margin) / se)) / (DRAWS + 1)
-    return float(max(above, below))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +75,7 @@ def test_answer_logprob_is_tested_at_its_own_declared_margin(store: Path, tmp_pa
     margin = declared("passkey", "answer_logprob")
     assert margin != PROTOCOL_MARGIN  # else this test could not tell the two apart
     rows = compare_json(store, "--metric", "answer-logprob", cwd=tmp_path)
-    expected = holm_by_definition([tost_by_hand(deltas(store, p, "answer_logprob"), margin) for p in SHIFT])
+    expected = holm_by_definition([bootstrap_tost(deltas(store, p, "answer_logprob"), margin) for p in SHIFT])
     for (policy, row), p_holm in zip(sorted(rows.items()), expected, strict=True):
         assert row["margin"] == margin
         assert row["margin_from"] == "task task-0: margins.answer_logprob"
@@ -93,7 +83,7 @@ def test_answer_logprob_is_tested_at_its_own_declared_margin(store: Path, tmp_pa
     # +0.05 nats on every problem: a real difference, inside ±0.1, so the badge says so; at the
     # protocol's ±0.02 the same differences would not be equivalent
     assert rows["policy-00"]["verdict"] == "practically equivalent"
-    assert tost_by_hand(deltas(store, "policy-00", "answer_logprob"), PROTOCOL_MARGIN) > 0.05
+    assert bootstrap_tost(deltas(store, "policy-00", "answer_logprob"), PROTOCOL_MARGIN) > 0.05
     assert rows["policy-01"]["verdict"] == "loses to null"
     # the terminal table says which margin it used and where it was declared
     done = invoke.kvbench("compare", "--db", str(store), "--metric", "answer-logprob", cwd=tmp_path)
