@@ -160,13 +160,22 @@ def print_calibration(result) -> None:
     for verdict, count in result.verdicts.items():
         table.add_row(verdict, str(count), f"{count / max(result.comparisons, 1):.1%}")
     console.print(table)
-    console.print(
-        f"false-positive rate (a decided difference from itself): {result.false_positive_rate:.1%} "
-        f"[95% Clopper-Pearson {result.low:.1%}, {result.high:.1%}] over {result.testable} of "
-        f"{result.comparisons} comparisons, those that can reject (α = 5%; their exact attainable levels "
-        f"sum to {result.expected:.2f} expected false positives); shown 95% intervals covering 0 where "
-        f"some problem differs: {result.covered:.1%}"
-    )
+    if result.testable:
+        console.print(
+            f"false-positive rate (a decided difference from itself): {result.false_positive_rate:.1%} "
+            f"[95% Clopper-Pearson {result.low:.1%}, {result.high:.1%}] over {result.testable} of "
+            f"{result.comparisons} comparisons, those that can reject (α = 5%; their exact attainable "
+            f"levels sum to {result.expected:.2f} expected false positives)"
+        )
+    else:
+        console.print(
+            f"false-positive rate: not measured; none of the {result.comparisons} comparisons can reject "
+            "(fewer than 6 problems differ in each)"
+        )
+    if math.isnan(result.covered):
+        console.print("shown 95% intervals covering 0: not measured (no problem differs in any comparison)")
+    else:
+        console.print(f"shown 95% intervals covering 0 where some problem differs: {result.covered:.1%}")
 
 
 def print_checks(exchange: Exchangeability, shift: ShiftCalibration) -> None:

@@ -17,7 +17,7 @@ from boardtest import mean, open_app, tab
 from built import built_once
 from invoke import kvbench
 
-from kvbench.leaderboard.display import parameters_text
+from kvbench.leaderboard.display import literal, parameters_text
 from kvbench.leaderboard.queries import BADGES, Compression
 from kvbench.results.comparison import compare_table, stored_runs
 from kvbench.results.summary import summarize
@@ -198,6 +198,13 @@ def test_the_page_pools_tasks_of_one_kind_only_and_as_compare_pool_does(board_db
     (cli,) = [r for r in _compare(board_db, "--pool", "graded=gsm8k,gpqa-diamond") if r["task"] == "graded"]
     (snapkv,) = [r for r in rows if r["policy"] == "snapkv"]
     assert snapkv["verdict"] == BADGES[cli["verdict"]] and snapkv["p (Holm)"] == pytest.approx(cli["p_holm"])
+    # the page names every Holm family behind its verdicts: each task's table, as compare names it, and
+    # the pool's, a family apart
+    (families,) = [c.value for c in tab(app, "Leaderboard").caption if c.value.startswith("Holm families:")]
+    for row in [r for r in _compare(board_db, "--budget", "384") if r["family"]]:
+        assert literal(f"Holm over {row['family_size']} comparison") in families
+        assert literal(row["family"]) in families, (row["family"], families)
+    assert literal("the policies of the pooled gpqa-diamond + gsm8k table") in families
     expected = _pooled_sql(board_db, ("gsm8k", "gpqa-diamond"), 384)
     assert float(snapkv["average ± CI"].split(" ± ")[0]) == pytest.approx(expected["snapkv"], abs=5e-4)
 
