@@ -24,8 +24,9 @@ equivalence (enough problems: kvbench.results.stats.equivalence_floor) are count
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def _spread(scores: np.ndarray) -> np.ndarray:
 
 
 def seed_exchangeability(
-    cells: Mapping[str, Sequence[Mapping[Hashable, float]]], *, draws: int = DRAWS, seed: int = SEED
+    cells: Mapping[str, Sequence[Mapping[Any, float]]], *, draws: int = DRAWS, seed: int = SEED
 ) -> Exchangeability:
     """``cells``: cell -> its per-problem scores at each seed (problems every seed has are compared)."""
     rng = np.random.default_rng(seed)
@@ -119,7 +120,7 @@ EQUIVALENT = ("equivalent to null", "practically equivalent")
 
 
 def injected_shift(
-    pairs: Sequence[tuple[Mapping[Hashable, float], Mapping[Hashable, float], float]], *, seed: int = SEED
+    pairs: Sequence[tuple[Mapping[Any, float], Mapping[Any, float], float]], *, seed: int = SEED
 ) -> ShiftCalibration:
     """``pairs``: (scores at one seed, scores at the other, margin) per A/A comparison; the second arm
     is moved by the margin, up for even pairs and down for odd ones, and each pair judged on its own."""

@@ -504,7 +504,7 @@ def power_notes(rows: list[dict]) -> list[str]:
 
 def family_notes(rows: list[dict]) -> list[str]:
     """What each Holm correction of these rows ran over, once per family."""
-    return holm_families((r.get("family"), r.get("family_size")) for r in rows if r.get("family"))
+    return holm_families((r["family"], r["family_size"]) for r in rows if r.get("family"))
 
 
 def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
