@@ -72,7 +72,7 @@ class _Rolling:
     copies of the same few keys (R-KV's near-duplicate search would meet nothing else)."""
 
     def __init__(
-        self, layers: list[LayerKV], buffer: int, step: int, gen: torch.Generator, inv_freq: Tensor | None
+        self, layers: list[LayerKV], buffer: int, step: int, gen: torch.Generator, inv_freq: Tensor
     ) -> None:
         self.layers: list[Slots] = list(layers)
         self.buffer, self.step, self.gen, self.inv_freq = buffer, step, gen, inv_freq
