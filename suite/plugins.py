@@ -43,7 +43,7 @@ class Registry(Generic[T]):
         self.kind, self.group, self.also_known = kind, group, also_known
         self._builtins, self._adopt = builtins, adopt
         self._error = error or (lambda name, known: UnknownNameError(kind, name, known))
-        self._registered: dict[str, T] = {}
+        self.registered: dict[str, T] = {}  # by name; a test patches it
 
     def builtins(self) -> Mapping[str, T | str]:
         return self._builtins() if callable(self._builtins) else self._builtins
@@ -55,10 +55,10 @@ class Registry(Generic[T]):
 
     def register(self, name: str, plugin: T) -> None:
         """Make ``plugin`` available by ``name`` in this process."""
-        self._registered[name] = plugin
+        self.registered[name] = plugin
 
     def names(self) -> list[str]:
-        return sorted({*self.builtins(), *self._registered, *self.entry_points()})
+        return sorted({*self.builtins(), *self.registered, *self.entry_points()})
 
     def __contains__(self, name: object) -> bool:
         return name in self.names()
@@ -70,8 +70,8 @@ class Registry(Generic[T]):
             return self._adopt(pkgutil.resolve_name(found), found)
         if found is not None:
             return found
-        if name in self._registered:
-            return self._registered[name]
+        if name in self.registered:
+            return self.registered[name]
         entry = self.entry_points().get(name)
         if entry is None:
             raise self.unknown(name)
