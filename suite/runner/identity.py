@@ -5,9 +5,6 @@ the same identity are reused, never recomputed; anything that changes a result c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
-
-import pydantic
 
 from kvbench.core.contract import Policy
 from kvbench.registry import policy_record
@@ -21,13 +18,6 @@ from kvbench.specs.task_data import data_fingerprint
 
 RUNNER_VERSION = 1
 """Bump when the runner's scoring of a unit changes: it is part of every identity."""
-
-S = TypeVar("S", bound=pydantic.BaseModel)
-
-
-def _every_field(spec: S) -> S:
-    """``spec`` with each of its fields set, defaults included: a new cell's record names them all."""
-    return type(spec).model_validate(spec.model_dump(mode="json"))
 
 
 def make_cell(
@@ -55,8 +45,9 @@ def make_cell(
     spec = ResolvedSpec(
         runner_version=RUNNER_VERSION,
         runtime=runtime.record(model.dtype),
-        model=_every_field(model),
-        task=_every_field(task),
+        # every field set, defaults included: a new cell's record names them all
+        model=ModelSpec.model_validate(model.model_dump(mode="json")),
+        task=TaskSpec.model_validate(task.model_dump(mode="json")),
         policy=PolicyRecord.model_validate(policy_record(policy)),
         # the protocol's options that older releases lacked are recorded only when set otherwise
         protocol=ProtocolSpec.model_validate({**protocol.identity(), "description": protocol.description}),
