@@ -78,5 +78,5 @@ class Registry(Generic[T]):
         return self._adopt(entry.load(), entry.value)
 
     def unknown(self, name: str) -> UnknownNameError:
-        """The one error for a name of this kind that nothing registers: the known ones, the closest first."""
+        """The one error for a name of this kind that nothing registers: the closest ones, then every one."""
         return self._error(name, [*self.names(), *self.also_known])
