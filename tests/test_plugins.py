@@ -123,6 +123,14 @@ def test_an_installed_grader_and_task_source_run_a_task(site: Path, tmp_path: Pa
         assert metric == pytest.approx(letters_found(output, word)) and correct == (metric == 1.0)
         assert version == "letter-overlap 0.1"
     assert len({m for *_, m, _, _, _ in landed}) > 1  # a score per output, not one value for all
+    # read back where the package is not installed: a stored task was checked when its run was planned
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [sys.executable, "-m", "kvbench", "compare", "--format", "json"]
+    shown = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = json.loads(shown.stdout)
+    assert (row["task"], row["policy"]) == ("word-echo", "snapkv")
+    assert row["score"] == pytest.approx(sum(m for *_, m, _, _, _ in landed) / len(WORDS))
 
 
 @pytest.mark.slow

@@ -120,8 +120,9 @@ class ResolvedSpec(pydantic.BaseModel):
 
     @classmethod
     def read(cls, record: dict[str, Any], role: str | None = None) -> ResolvedSpec:
-        """A stored record (a manifest's ``spec``) as a typed spec; ``role`` from the manifest."""
-        return cls.model_validate({**record, "role": role or Role.POLICY})
+        """A stored record (a manifest's ``spec``) as a typed spec; ``role`` from the manifest. Its task was
+        checked when its run was planned, and is not against the graders installed where it is read."""
+        return cls.model_validate({**record, "role": role or Role.POLICY}, context={"stored": True})
 
     def record(self) -> dict[str, Any]:
         """What a manifest stores and the identity hashes: the fields as given, the role and the protocol's

@@ -204,9 +204,11 @@ class TaskSpec(StrictSpec):
         return data
 
     @pydantic.model_validator(mode="after")
-    def _grader_fits_source(self) -> TaskSpec:
+    def _grader_fits_source(self, info: pydantic.ValidationInfo) -> TaskSpec:
         from kvbench.graders.registry import COMMON_FIELDS, GRADERS, LM_EVAL, PROBE
 
+        if (info.context or {}).get("stored"):  # read back (kvbench.specs.resolved), maybe without its grader
+            return self
         installed = isinstance(self.source, InstalledSource)  # a probe grader: the source scores itself
         if not installed and (self.grader == PROBE) != (self.source.kind == "probe"):
             raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
