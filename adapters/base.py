@@ -3,17 +3,15 @@
 An adapter says what it provides (:class:`Capabilities`) and loads a model spec into a :class:`Backend`,
 which tokenizes, teacher-forces a probe and decodes a batch of samples under an eviction policy. The
 runner imports nothing else of a backend: ``hf`` (transformers) is one implementation, and the tests
-run the whole runner on a second, minimal one. Built-in adapters are named in ``BUILTIN``; a package
+run the whole runner on a second, minimal one. Built-in adapters are named in ``ADAPTERS``; a package
 can add one under the ``kvbench.adapters`` entry-point group.
 """
 
 from __future__ import annotations
 
-import pkgutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol
 
 from torch import Tensor
@@ -22,7 +20,7 @@ from kvbench.core.contract import ModelFacts, Need, Policy
 from kvbench.core.engine import PinnedSlots
 from kvbench.core.retention import Retention
 from kvbench.core.schedule import ProtectedPrefix, Schedule
-from kvbench.errors import UnknownNameError
+from kvbench.plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -256,31 +254,15 @@ def ended(backend: Backend) -> Iterator[Backend]:
             close()
 
 
-BUILTIN = {
-    "hf": "kvbench.adapters.hf.backend:HFAdapter",
-    "vllm": "kvbench.adapters.vllm.backend:VLLMAdapter",
-}
-_REGISTERED: dict[str, Callable[[], Adapter]] = {}
-
-
-def register_adapter(name: str, factory: Callable[[], Adapter]) -> None:
-    """Make an adapter available by name in this process (a plugin or a test)."""
-    _REGISTERED[name] = factory
-
-
-def known_adapters() -> list[str]:
-    plugins = [e.name for e in entry_points(group="kvbench.adapters")]
-    return sorted({*BUILTIN, *_REGISTERED, *plugins})
+ADAPTERS: Registry[Callable[[], Adapter]] = Registry(
+    "adapter",
+    "kvbench.adapters",
+    {"hf": "kvbench.adapters.hf.backend:HFAdapter", "vllm": "kvbench.adapters.vllm.backend:VLLMAdapter"},
+)
+register_adapter = ADAPTERS.register
+"""Make an adapter available by name in this process (a plugin or a test)."""
 
 
 def find_adapter(name: str) -> Adapter:
     """The adapter called ``name``; an unknown name is refused with the known ones."""
-    if name in _REGISTERED:
-        return _REGISTERED[name]()
-    target = BUILTIN.get(name)
-    if target is None:
-        found = [e for e in entry_points(group="kvbench.adapters") if e.name == name]
-        if not found:
-            raise UnknownNameError("adapter", name, known_adapters())
-        return found[0].load()()
-    return pkgutil.resolve_name(target)()
+    return ADAPTERS.get(name)()

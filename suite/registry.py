@@ -17,7 +17,6 @@ import json
 import pkgutil
 import sys
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,7 @@ import pydantic
 
 from kvbench.core.contract import Policy, is_policy_class, policy_name_problem
 from kvbench.errors import SpecError, UnknownPolicyError
-
-ENTRY_POINT_GROUP = "kvbench.policies"
+from kvbench.plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -66,26 +64,24 @@ def builtin_policies() -> dict[str, PolicyRef]:
     return {**{k: v for k, v in aliases.items() if k not in found}, **found}
 
 
-def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+def _entry_point_policy(cls: Any, target: str) -> PolicyRef:
+    if not is_policy_class(cls):
+        raise SpecError(f"entry point {target} (kvbench.policies) is not a class decorated with @policy")
+    return PolicyRef(cls, f"entry point {target}")
+
+
+POLICIES: Registry[PolicyRef] = Registry(
+    "policy",
+    "kvbench.policies",
+    lambda: {ref.cls.name: ref for ref in builtin_policies().values()},  # module names are aliases
+    _entry_point_policy,
+    error=UnknownPolicyError,
+)
 
 
 def known_policies() -> dict[str, type[Policy]]:
     """Every registered policy by its registered name (no aliases): built-ins, then entry points."""
-    known = {ref.cls.name: ref.cls for ref in builtin_policies().values()}
-    for name, ep in _entry_points().items():
-        known.setdefault(name, _load_entry_point(name, ep).cls)
-    return dict(sorted(known.items()))
-
-
-def _load_entry_point(name: str, ep: Any) -> PolicyRef:
-    cls = ep.load()
-    if not is_policy_class(cls):
-        raise SpecError(
-            f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} ({ep.value}) is not a class decorated with "
-            "@kvbench.policy(...)"
-        )
-    return PolicyRef(cls, f"entry point {ep.value}")
+    return {name: POLICIES.get(name).cls for name in POLICIES.names()}
 
 
 def load_file_policy(path_text: str, class_name: str) -> PolicyRef:
@@ -160,13 +156,8 @@ def find_policy(name: str, class_name: str | None = None) -> PolicyRef:
     """The class behind a policy name (or a file and class)."""
     if class_name is not None:
         return load_file_policy(name, class_name)
-    builtins = builtin_policies()
-    if name in builtins:
-        return builtins[name]
-    eps = _entry_points()
-    if name in eps:
-        return _load_entry_point(name, eps[name])
-    raise UnknownPolicyError(name, {ref.cls.name for ref in builtins.values()} | set(eps))
+    module = builtin_policies().get(name)  # a registered name, or a module's that holds one policy
+    return module or POLICIES.get(name)
 
 
 def make_policy(text: str, **params: Any) -> Policy:

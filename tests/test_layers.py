@@ -3,6 +3,8 @@ kept exception removed, or one real upward import added back, lint-imports names
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,30 @@ def test_the_leaderboard_contract_follows_imports_through_kvbench(tmp_path: Path
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"{contracts()['leaderboard-without-torch']['name']} BROKEN" in done.stdout
     assert "kvbench.results.stats -> scipy" in done.stdout
+
+
+def test_the_runners_layers_count_an_import_made_for_type_checking(tmp_path: Path) -> None:
+    """The runner once had a circle through imports made only for type checking (sources naming execute's
+    Graders while execute imported sources): with such an import put back, the runner's contract breaks."""
+    spec = importlib.util.spec_from_file_location("typecheck", ROOT / "tools" / "typecheck.py")
+    assert spec is not None and spec.loader is not None
+    typecheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(typecheck)
+    typecheck.link_tree(tmp_path)  # the package as tools/importlint.py lays it out, one file replaced
+    sources = tmp_path / "kvbench" / "runner" / "sources.py"
+    text = sources.read_text().replace("from typing import ", "from typing import TYPE_CHECKING, ")
+    sources.unlink()
+    sources.write_text(text + "\nif TYPE_CHECKING:\n    from kvbench.runner.execute import Replica\n")
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run(
+        [lint_imports, "--no-cache", str(ROOT / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"Contracts: {len(contracts()) - 1} kept, 1 broken." in done.stdout
+    assert f"{contracts()['runner-layers']['name']} BROKEN" in done.stdout
+    assert "kvbench.runner.sources -> kvbench.runner.execute" in done.stdout

@@ -24,7 +24,7 @@ from kvbench.commands.common import console, output_file, output_folder
 if TYPE_CHECKING:
     from kvbench.results.aa import Exchangeability, ShiftCalibration
     from kvbench.results.stats import PairedComparison
-    from kvbench.runner.plan import Cell
+    from kvbench.runner.cell import Cell
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ from kvbench.commands.common import console
 
 if TYPE_CHECKING:
     from kvbench.results.check import CellResult
-    from kvbench.runner.plan import Cell
+    from kvbench.runner.cell import Cell
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -12,8 +12,8 @@ from rich.table import Table
 from kvbench.commands.common import console
 
 if TYPE_CHECKING:
+    from kvbench.runner.cell import Cell
     from kvbench.runner.memory import MemoryLimits, MemoryPlan
-    from kvbench.runner.plan import Cell
 
 PROMPT_TOKENS = 512
 """The prompt length ``--plan-only`` assumes without ``--prompt-tokens`` (a run measures its own)."""

@@ -1,9 +1,10 @@
 """Graders by name: a task's ``grader:`` selects one. A grader owns the dataset columns it reads, how a
 problem's prompt and gold answer are built from a dataset row, and how an output is graded.
 
-The names and the columns each grader requires are listed here without importing the graders, so that
+The built-ins' names and the columns each requires are listed here without importing the graders, so that
 loading a task spec never imports grading code (math-verify, the sandbox); :func:`make_grader` imports
-the one a run uses.
+the one a run uses. A package adds a grader under the entry-point group ``kvbench.graders``, naming its
+class, whose ``fields``, ``optional`` and ``sandboxed`` say what :class:`GraderEntry` records.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvbench.errors import UnknownNameError
+from kvbench.plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,12 @@ class GraderVerdict:
 
 class Grader(Protocol):
     """What the runner asks of a grader (for the generating tasks; probes score themselves). A grader that
-    holds nothing subclasses it for its ``close``."""
+    holds nothing subclasses it for its ``close`` (and an installed one for the defaults of what its entry
+    records: the task fields it needs, and reads when set, and whether it runs model-written programs)."""
+
+    fields: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    sandboxed: bool = False
 
     def problem(self, task: Any, row: dict[str, Any], problem_id: str, question: str) -> tuple[str, dict]:
         """The user prompt and the gold answer of one dataset row."""
@@ -77,32 +83,48 @@ class GraderEntry:
     """Grading runs model-written programs: refused without --allow-code-execution and a sandbox."""
 
 
-GRADERS = {
-    "math": GraderEntry("kvbench.graders.math:MathGrader", ("answer",), ("answer_after",)),
-    "choice": GraderEntry("kvbench.graders.choice:ChoiceTaskGrader", ("correct", "incorrect")),
-    "code": GraderEntry(
-        "kvbench.graders.code:CodeTaskGrader", ("tests",), ("metadata", "starter_code"), sandboxed=True
-    ),
-    "lm-eval": GraderEntry("kvbench.lmeval.grading:LmEvalGrader", ()),
-}
-COMMON_FIELDS = ("id", "question")
-"""The ``fields`` every grader reads: the problem's id and its question."""
+def _installed(cls: Any, target: str) -> GraderEntry:
+    return GraderEntry(target, tuple(cls.fields), tuple(cls.optional), bool(cls.sandboxed))
+
+
 LM_EVAL = "lm-eval"
 """The grader of lm-eval sources: the lm-eval task's own filters and metric."""
 PROBE = "probe"
 """Not a grader: probe tasks are scored by teacher forcing (kvbench.runner.probe_units)."""
-
-
-def entry(name: str) -> GraderEntry:
-    if name not in GRADERS:
-        raise UnknownNameError("grader", name, [*GRADERS, PROBE])
-    return GRADERS[name]
+GRADERS: Registry[GraderEntry] = Registry(
+    "grader",
+    "kvbench.graders",
+    {
+        "math": GraderEntry("kvbench.graders.math:MathGrader", ("answer",), ("answer_after",)),
+        "choice": GraderEntry("kvbench.graders.choice:ChoiceTaskGrader", ("correct", "incorrect")),
+        "code": GraderEntry(
+            "kvbench.graders.code:CodeTaskGrader", ("tests",), ("metadata", "starter_code"), sandboxed=True
+        ),
+        LM_EVAL: GraderEntry("kvbench.lmeval.grading:LmEvalGrader", ()),
+    },
+    _installed,
+    also_known=(PROBE,),
+)
+COMMON_FIELDS = ("id", "question")
+"""The ``fields`` every grader reads: the problem's id and its question."""
 
 
 def sandboxed(grader: str) -> bool:
     """Whether a task's grader runs model-written programs (``probe`` does not)."""
-    return grader != PROBE and entry(grader).sandboxed
+    return grader != PROBE and GRADERS.get(grader).sandboxed
 
 
 def make_grader(name: str) -> Grader:
-    return pkgutil.resolve_name(entry(name).target)()
+    return pkgutil.resolve_name(GRADERS.get(name).target)()
+
+
+class Graders(dict[str, Grader]):
+    """One grader per name for a whole run (the math grader keeps a worker process), closed at its end."""
+
+    def __missing__(self, name: str) -> Grader:
+        self[name] = made = make_grader(name)
+        return made
+
+    def close(self) -> None:
+        for grader in self.values():
+            grader.close()

@@ -13,17 +13,16 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pydantic
 
-from kvbench.adapters.base import Generation, TeacherForced
 from kvbench.errors import BudgetError
-from kvbench.runner.plan import Cell, make_cell
+from kvbench.runner.cell import Cell
+from kvbench.runner.identity import make_cell
 from kvbench.specs.protocol import BudgetRule
 from kvbench.specs.resolved import MeasurementRecord
 from kvbench.store.atomic import atomic_write
-from kvbench.store.shards import ShardStore, problem_key, read_records
+from kvbench.store.shards import ShardStore, read_records
 
 _STORED = ("reference_run", "problems", "samples", "declared")
 """A stored measurement's fields beside its mean, ``n_avg``."""
@@ -94,7 +93,7 @@ def settle(cell: Cell, measurement: MeasurementRecord) -> Cell:
         role=cell.role,
         data=cell.data,
         runtime=cell.runtime,
-        measurement=measurement.model_dump(),
+        measurement=measurement,
         suite=cell.suite,
     )
 
@@ -130,23 +129,3 @@ def settle_all(cells: Sequence[Cell], out: Path, problem_ids: dict[str, list[str
             measurement = _write_once(measurement_path(out, pending.key), fresh)
         settled.append(settle(cell, measurement))
     return settled
-
-
-def unit_fields(
-    cell: Cell, problem_id: str, result: Generation | TeacherForced, seconds: float, rows: int
-) -> dict[str, Any]:
-    """The fields every sample record of a unit shares (``rows`` samples decoded as one batch, in
-    ``seconds`` each): its cell and problem, its timings, budget and memory. The budget is None for the
-    full cache."""
-    held = result.kv_budget if cell.policy.evicts else None
-    return {
-        "run_id": cell.run_id,
-        "task": cell.task.name,
-        "problem_id": problem_id,
-        "problem_hash": problem_key(problem_id),
-        "eviction_seconds": result.eviction_seconds / rows,
-        "wall_seconds": seconds,
-        "kv_budget_tokens": held.tokens if held is not None else None,
-        "kv_budget_bytes": held.bytes if held is not None else None,
-        "kv_peak_bytes": result.peak_kv_bytes // max(rows, 1),
-    }

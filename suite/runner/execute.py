@@ -11,36 +11,25 @@ from typing import Any
 from kvbench.adapters.base import Backend, ended, find_adapter
 from kvbench.core.seeding import sample_seed
 from kvbench.errors import BudgetError
-from kvbench.graders.registry import Grader, make_grader
+from kvbench.graders.registry import Graders
 from kvbench.provenance import provenance
+from kvbench.runner.cell import Cell, Runtime
 from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.memory import DeviceFacts, free_memory
-from kvbench.runner.plan import Cell
-from kvbench.runner.sources import task_source
+from kvbench.runner.sources import Problem, task_source
+from kvbench.specs.model import ModelSpec
 from kvbench.store.records import SampleRecord
 
 
-def cell_problems(cell: Cell, backend: Backend) -> list:
+def cell_problems(cell: Cell, backend: Backend) -> Sequence[Problem]:
     """The problems of a cell's task, from its source: dataset rows (hub or --data), probes, documents."""
     local = cell.spec.data  # a --data copy, recorded with the content the run's identity follows
     data, fingerprint = (None, None) if local is None else (Path(local.path), local.sha256)
     return task_source(cell.task).problems(cell.task, backend, cell.limit, data, fingerprint)
 
 
-class Graders(dict[str, Grader]):
-    """One grader per name for a whole run (the math grader keeps a worker process), closed at its end."""
-
-    def __missing__(self, name: str) -> Grader:
-        self[name] = made = make_grader(name)
-        return made
-
-    def close(self) -> None:
-        for grader in self.values():
-            grader.close()
-
-
 def score_unit(
-    cell: Cell, backend: Backend, problem, calibration, graders: Graders, batch: int | None = None
+    cell: Cell, backend: Backend, problem: Problem, calibration: Any, graders: Graders, batch: int | None
 ) -> list[SampleRecord]:
     """The sample rows of one unit of work: one problem of one cell, its samples decoded at most ``batch``
     at a time (None: all at once)."""
@@ -53,7 +42,7 @@ def score_unit(
 class Replica:
     """One model loaded, with what scoring its units needs: its problems by task, graders, calibration."""
 
-    def __init__(self, model: Any, runtime: Any, *, progress: bool = True) -> None:
+    def __init__(self, model: ModelSpec, runtime: Runtime, *, progress: bool = True) -> None:
         adapter = find_adapter(runtime.adapter)
         # the memory plan's device, read before the weights take theirs; only for an adapter kvbench plans
         # for (vllm plans its own, and its engine starts CUDA in processes of its own)
@@ -65,10 +54,10 @@ class Replica:
         self.key = (model, runtime)
         self.graders = Graders()
         self.calibration: Any = None  # the model's query statistics, computed once if a policy needs them
-        self.problems: dict[tuple[str, int | None, str | None], dict[str, Any]] = {}
+        self.problems: dict[tuple[str, int | None, str | None], dict[str, Problem]] = {}
         self.longest: dict[tuple[str, int | None, str | None], int] = {}  # by the problems' key
 
-    def _problems(self, cell: Cell) -> dict[str, Any]:
+    def _problems(self, cell: Cell) -> dict[str, Problem]:
         key = (cell.task.name, cell.limit, cell.data)
         if key not in self.problems:
             self.problems[key] = {p.problem_id: p for p in cell_problems(cell, self.backend)}
@@ -97,7 +86,7 @@ class Replica:
                 )
         return {name: [p.problem_id for p in found] for name, found in problems.items()}
 
-    def _longest(self, cell: Cell, problems: list) -> int:
+    def _longest(self, cell: Cell, problems: Sequence[Problem]) -> int:
         """The cell's longest prompt in tokens, counted once per task (its cells share their problems)."""
         key = (cell.task.name, cell.limit, cell.data)
         if key not in self.longest:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvbench.runner.cell import Cell
 from kvbench.runner.memory import DeviceFacts
-from kvbench.runner.plan import Cell
 from kvbench.store.records import SampleRecord
 
 

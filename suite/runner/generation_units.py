@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbench.adapters.base import Backend, Sampling
-from kvbench.graders.registry import GraderVerdict
-from kvbench.runner.budgets import unit_fields
+from kvbench.graders.registry import Graders, GraderVerdict
+from kvbench.runner.cell import Cell
 from kvbench.runner.memory import micro_batches
-from kvbench.runner.plan import Cell
-from kvbench.runner.sources import TaskSource
+from kvbench.runner.sources import TaskSource, unit_fields
 from kvbench.specs.task import TaskSpec
 from kvbench.specs.task_data import Problem, check_data, load_problems
 from kvbench.store.records import SampleRecord
 
-if TYPE_CHECKING:
-    from kvbench.runner.execute import Graders
 
-
-class HubSource(TaskSource):
+class HubSource(TaskSource[Problem]):
     """A hub dataset's rows (or a --data copy of them) as problems; each is decoded, then graded."""
 
     local_data = True

@@ -41,7 +41,7 @@ from kvbench.adapters.base import ModelShape
 from kvbench.core.layer_kv import first_capacity, grown_capacity
 from kvbench.core.precision import TokenCost
 from kvbench.errors import BudgetError
-from kvbench.runner.plan import Cell
+from kvbench.runner.cell import Cell
 
 RESERVE = 1 << 30
 """Bytes kept free for cuBLAS workspaces and the caching allocator's fragmentation."""

@@ -26,10 +26,10 @@ from rich.text import Text
 from kvbench.errors import KvbenchError
 from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
+from kvbench.runner.cell import Cell
 from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.memory import MemoryLimits, MemoryPlan, plan_memory
-from kvbench.runner.plan import Cell
 from kvbench.store.shards import ShardStore, read_manifest, read_records
 
 

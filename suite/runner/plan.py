@@ -1,113 +1,29 @@
-"""Expanding a suite (or a `kvbench run` command line) into cells: model × task × policy × budget.
-
-A cell's identity is the hash of its fully resolved spec: model source and revision, task and version,
-policy name and every parameter, protocol, budget, buffer, protection, sampling and seed. Results with
-the same identity are reused, never recomputed; anything that changes a result changes the identity.
-"""
+"""Expanding a suite (or a `kvbench run` command line) into cells: model × task × policy × budget, and
+the null and the full cache beside them (kvbench.runner.identity names each cell's results)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvbench.adapters.base import find_adapter
 from kvbench.core.contract import Policy
-from kvbench.core.schedule import Schedule
-from kvbench.errors import CapabilityError, SpecError
+from kvbench.errors import SpecError
 from kvbench.graders.registry import sandboxed
-from kvbench.registry import make_policy, parse_policy_arg, policy_record
+from kvbench.registry import make_policy, parse_policy_arg
+from kvbench.runner.capabilities import check_capabilities
+from kvbench.runner.cell import Cell, PendingBudget, Runtime
+from kvbench.runner.identity import make_cell, measurement_key
 from kvbench.runner.sources import resolved_task, task_source
 from kvbench.specs.loading import find_spec_file, validate_values, with_overrides
 from kvbench.specs.metric_kind import refuse_mixed_pool, task_metric
 from kvbench.specs.model import ModelSpec, load_model_spec
 from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol
-from kvbench.specs.resolved import ResolvedSpec, Role, digest
+from kvbench.specs.resolved import Role
 from kvbench.specs.suite import SuiteSpec, load_suite
 from kvbench.specs.task import TaskSpec, load_task
-
-RUNNER_VERSION = 1
-"""Bump when the runner's scoring of a unit changes: it is part of every identity."""
-
-
-@dataclass(frozen=True)
-class PendingBudget:
-    """K = N_avg / ratio where N_avg is the full-cache arm's mean generated length, measured when that arm
-    has run (kvbench.runner.budgets settles the cell then)."""
-
-    reference_run: str
-    """The run id of the full-cache arm of this model and task, planned beside the cell."""
-    key: str
-    """The measurement's name: the full arm's identity without its problem limit and samples, so that an
-    extended run (a larger --limit) finds the measurement its first run made and keeps the same K."""
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Where and how the cells run: part of every identity, so that results computed on one kind of
-    device, in one dtype or with one attention implementation are never reused for another."""
-
-    adapter: str = "hf"
-    device: str = "cpu"
-    """As given (``cuda:1``); the identity keeps only its kind (``cuda``)."""
-    attention: str = "sdpa"
-
-    @property
-    def device_kind(self) -> str:
-        return self.device.split(":", 1)[0]
-
-    def record(self, dtype: str) -> dict[str, str]:
-        return {
-            "adapter": self.adapter,
-            "device": self.device_kind,
-            "dtype": dtype,
-            "attention": self.attention,
-            **getattr(find_adapter(self.adapter), "identity", dict)(),
-        }
-
-
-@dataclass(frozen=True)
-class Cell:
-    model: ModelSpec
-    task: TaskSpec
-    policy: Policy
-    protocol: ProtocolSpec
-    budget: int
-    n_avg: float
-    ratio: float | None
-    samples: int
-    limit: int | None
-    spec: ResolvedSpec = field(compare=False)
-    """What the cell's results depend on, typed: its manifest stores it, its identity is the run id."""
-    data: str | None = None
-    runtime: Runtime = Runtime()
-    pending: PendingBudget | None = None
-    """Set until the budget follows a measured N_avg; ``budget`` is then the declared estimate (0 without
-    one) and ``run_id`` provisional."""
-    suite: dict[str, str] | None = field(default=None, compare=False)
-    """The suite file the cell was planned from (name, sha256, text): provenance, not identity, since
-    suites that share a cell share its results."""
-
-    @property
-    def run_id(self) -> str:
-        return self.spec.identity
-
-    @property
-    def role(self) -> Role:
-        return self.spec.role
-
-    def schedule(self) -> Schedule:
-        schedule = self.protocol.schedule(self.budget, from_ratio=self.ratio is not None)
-        # the no-eviction reference stays in the model's precision under every protocol, so that N_avg
-        # (and hence K) is the same for a mixed-precision protocol and for eviction alone
-        return schedule.without_precision() if self.role == Role.REFERENCE else schedule
-
-    @property
-    def label(self) -> str:
-        budget = f"N_avg/{self.ratio:g}" if self.pending else str(self.budget)
-        return f"{self.model.name}/{self.task.name}/{self.policy.name}@K={budget}"
 
 
 @dataclass(frozen=True)
@@ -154,70 +70,6 @@ def _policy(text: str, request: RunRequest) -> Policy:
 
         return isolated(text, IsolationLimits(seconds_per_call=request.scorer_seconds))
     return make_policy(text)
-
-
-def make_cell(
-    model: ModelSpec,
-    task: TaskSpec,
-    policy: Policy,
-    protocol: ProtocolSpec,
-    *,
-    budget: int,
-    n_avg: float,
-    ratio: float | None,
-    samples: int,
-    limit: int | None,
-    role: Role,
-    data: str | None = None,
-    runtime: Runtime = Runtime(),
-    pending: PendingBudget | None = None,
-    measurement: dict[str, Any] | None = None,
-    suite: dict[str, str] | None = None,
-) -> Cell:
-    """A cell and its identity; ``measurement`` records the measured N_avg a budget follows."""
-    resolved: dict[str, Any] = {
-        "runner_version": RUNNER_VERSION,
-        "runtime": runtime.record(model.dtype),
-        "model": model.model_dump(mode="json"),
-        "task": task.model_dump(mode="json"),
-        "policy": policy_record(policy),
-        "protocol": protocol.identity(),
-        "budget": budget,
-        "n_avg": n_avg,
-        "ratio": ratio,
-        "samples": samples,
-        "limit": limit,
-    }
-    if measurement is not None:
-        resolved["n_avg_measurement"] = measurement
-    resolved |= task_source(task).identity(task)  # e.g. lm-eval's version, the task's config and documents
-    if data is not None:  # a local copy replaces the pinned hub revision: its content is the identity
-        from kvbench.specs.task_data import data_fingerprint
-
-        resolved["data"] = {"path": data, "sha256": data_fingerprint(Path(data))}
-    if role == Role.REFERENCE:
-        # the full cache's outputs do not depend on K, so one reference serves every budget; where its
-        # scores do (they start at the first eviction event), K is part of its identity (protocol.md)
-        resolved["ratio"] = None
-        if not task.scored_from_first_eviction:
-            resolved["budget"] = None
-    spec = ResolvedSpec.read(resolved, role)
-    return Cell(
-        model,
-        task,
-        policy,
-        protocol,
-        budget,
-        n_avg,
-        ratio,
-        samples,
-        limit,
-        spec,
-        data,
-        runtime,
-        pending,
-        suite,
-    )
 
 
 def _runtime(request: RunRequest) -> Runtime:
@@ -292,12 +144,6 @@ def _budgets(
         else:
             budgets.append((rule.budget(n_avg, protocol.buffer), rule.ratio, False))
     return budgets
-
-
-def measurement_key(reference: Cell) -> str:
-    """The name of the N_avg measured on a full-cache arm: its identity without the problem limit and the
-    samples per problem, so that extending a run keeps the budget its first run measured."""
-    return digest(reference.spec.without("limit", "samples"))
 
 
 def plan(request: RunRequest) -> list[Cell]:
@@ -383,40 +229,3 @@ def plan(request: RunRequest) -> list[Cell]:
                         cells.append(cell)
     check_capabilities(cells)
     return cells
-
-
-def check_capabilities(cells: list[Cell]) -> None:
-    """Every cell against what its adapter provides, once, before any model loads: one error naming all
-    that cannot run."""
-    problems: list[str] = []
-    for runtime in dict.fromkeys(c.runtime for c in cells):
-        adapter = find_adapter(runtime.adapter)
-        can = adapter.capabilities()
-        here = [c for c in cells if c.runtime == runtime]
-        wanted: dict[str, tuple[set[str], tuple[str, ...]]] = {
-            "device": ({runtime.device_kind}, can.devices),
-            "attention": ({runtime.attention}, can.attentions),
-            "dtype": ({c.model.dtype for c in here}, can.dtypes),
-        }
-        for what, (asked, provided) in wanted.items():
-            offered = ", ".join(provided)
-            for value in sorted(asked - set(provided)):
-                problems.append(f"{what} {value!r}: the {adapter.name} adapter provides {offered}")
-        for task in dict.fromkeys(c.task.name for c in here if task_source(c.task).teacher_forced):
-            if not can.teacher_forcing:
-                problems.append(
-                    f"task {task!r} is a teacher-forced probe, which the {adapter.name} adapter cannot run"
-                )
-        for policy in dict.fromkeys(c.policy.name for c in here):
-            needs = next(c.policy.needs for c in here if c.policy.name == policy)
-            if needs - can.needs:
-                missing = ", ".join(sorted(needs - can.needs))
-                problems.append(f"policy {policy!r} needs {missing}, which the {adapter.name} adapter lacks")
-        for protocol in dict.fromkeys(c.protocol.name for c in here if c.protocol.precision is not None):
-            if not can.mixed_precision:
-                problems.append(
-                    f"protocol {protocol!r} keeps a mixed-precision cache, which the {adapter.name} adapter "
-                    "cannot (the hf adapter can)"
-                )
-    if problems:
-        raise CapabilityError("these cells cannot run as asked:\n  " + "\n  ".join(problems))

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from kvbench.adapters.base import Backend, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.errors import SpecError
+from kvbench.graders.registry import Graders
 from kvbench.probes.problems import ProbeProblem, fidelity_problem, needle_problem
-from kvbench.runner.budgets import unit_fields
-from kvbench.runner.plan import Cell
-from kvbench.runner.sources import TaskSource
+from kvbench.runner.cell import Cell
+from kvbench.runner.sources import TaskSource, unit_fields
 from kvbench.specs.task import TaskSpec
 from kvbench.store.records import SampleRecord
 
-if TYPE_CHECKING:
-    from kvbench.runner.execute import Graders
 
-
-class ProbeTaskSource(TaskSource):
+class ProbeTaskSource(TaskSource[ProbeProblem]):
     """Generated probes (passkey, planted fact, fidelity), teacher-forced; N_avg is their trace length."""
 
     teacher_forced = True

@@ -35,9 +35,9 @@ except ImportError:
         "--executor ray needs Ray: pip install 'kvbench[ray]' (on every node of the cluster)"
     ) from None
 from kvbench.provenance import provenance
+from kvbench.runner.cell import Cell
 from kvbench.runner.execute import Replica
 from kvbench.runner.executor import Prepared, Unit, UnitResult
-from kvbench.runner.plan import Cell
 from kvbench.store.shards import ShardStore
 
 Results = Literal["shared", "driver"]

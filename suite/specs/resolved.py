@@ -101,10 +101,11 @@ class ResolvedSpec(pydantic.BaseModel):
     """Samples per problem."""
     limit: int | None
     """Problems of the task (None: all)."""
-    n_avg_measurement: MeasurementRecord | None = None
-    lm_eval: dict[str, Any] | None = None
+    # recorded only where they apply, so that a run without them keeps the identity it had before they existed
+    n_avg_measurement: MeasurementRecord | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
+    lm_eval: dict[str, Any] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
     """An lm-eval task source's version, config and documents digest."""
-    data: DataRecord | None = None
+    data: DataRecord | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
     role: Role = Role.POLICY
 
     @pydantic.model_validator(mode="before")
@@ -119,8 +120,9 @@ class ResolvedSpec(pydantic.BaseModel):
 
     @classmethod
     def read(cls, record: dict[str, Any], role: str | None = None) -> ResolvedSpec:
-        """A stored record (a manifest's ``spec``) as a typed spec; ``role`` from the manifest."""
-        return cls.model_validate({**record, "role": role or Role.POLICY})
+        """A stored record (a manifest's ``spec``) as a typed spec; ``role`` from the manifest. Its task was
+        checked when its run was planned, and is not against the graders installed where it is read."""
+        return cls.model_validate({**record, "role": role or Role.POLICY}, context={"stored": True})
 
     def record(self) -> dict[str, Any]:
         """What a manifest stores and the identity hashes: the fields as given, the role and the protocol's

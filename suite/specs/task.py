@@ -144,7 +144,26 @@ class LmEvalSource(StrictSpec):
     """With ``grader: math``: grade against the text after this marker of the task's target."""
 
 
-Source = Annotated[ProbeSource | HubDataset | LmEvalSource, pydantic.Field(discriminator="kind")]
+class InstalledSource(pydantic.BaseModel):
+    """A task source that an installed package adds (entry-point group ``kvbench.task_sources``, checked
+    when a run is planned): ``kind`` names it, its other fields are its own and join the identity."""
+
+    model_config = pydantic.ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+
+def _source_tag(source: Any) -> str:
+    kind = source.get("kind") if isinstance(source, dict) else getattr(source, "kind", None)
+    return kind if kind in ("probe", "hub-dataset", "lm-eval") else "installed"
+
+
+Source = Annotated[
+    Annotated[ProbeSource, pydantic.Tag("probe")]
+    | Annotated[HubDataset, pydantic.Tag("hub-dataset")]
+    | Annotated[LmEvalSource, pydantic.Tag("lm-eval")]
+    | Annotated[InstalledSource, pydantic.Tag("installed")],
+    pydantic.Discriminator(_source_tag),
+]
 
 
 class TaskSpec(StrictSpec):
@@ -207,10 +226,13 @@ class TaskSpec(StrictSpec):
         return data
 
     @pydantic.model_validator(mode="after")
-    def _grader_fits_source(self) -> TaskSpec:
-        from kvbench.graders.registry import COMMON_FIELDS, LM_EVAL, PROBE, entry
+    def _grader_fits_source(self, info: pydantic.ValidationInfo) -> TaskSpec:
+        from kvbench.graders.registry import COMMON_FIELDS, GRADERS, LM_EVAL, PROBE
 
-        if (self.grader == PROBE) != (self.source.kind == "probe"):
+        if (info.context or {}).get("stored"):  # read back (kvbench.specs.resolved), maybe without its grader
+            return self
+        installed = isinstance(self.source, InstalledSource)  # a probe grader: the source scores itself
+        if not installed and (self.grader == PROBE) != (self.source.kind == "probe"):
             raise ValueError(f"grader {self.grader!r} does not fit a {self.source.kind!r} source")
         if (self.grader == LM_EVAL) and self.source.kind != "lm-eval":
             raise ValueError(f"grader {LM_EVAL!r} grades lm-eval sources, not a {self.source.kind!r} source")
@@ -219,15 +241,18 @@ class TaskSpec(StrictSpec):
                 raise ValueError(f"an lm-eval source is graded by 'lm-eval' or 'math', not {self.grader!r}")
             if self.prompt != "{question}":
                 raise ValueError("an lm-eval source renders its own prompts: remove `prompt`")
-        if self.source.kind == "hub-dataset":
+        if installed and self.grader != PROBE and self.grader not in GRADERS:
+            raise ValueError(str(GRADERS.unknown(self.grader)))
+        if isinstance(self.source, HubDataset):
             try:
-                needed = entry(self.grader).fields
+                grader = GRADERS.get(self.grader)
             except UnknownNameError as exc:
                 raise ValueError(str(exc)) from None
+            needed = grader.fields
             unset = [f"`fields.{f}`" for f in needed if not getattr(self.source.fields, f)]
             if unset:
                 raise ValueError(f"a {self.grader} task needs {' and '.join(unset)}")
-            read = {*COMMON_FIELDS, *needed, *entry(self.grader).optional}
+            read = {*COMMON_FIELDS, *needed, *grader.optional}
             given = self.source.fields
             unread = sorted(f for f in given.model_fields_set - read if getattr(given, f) is not None)
             if unread:

@@ -40,7 +40,7 @@ from kvbench.core.seeding import sample_seed
 from kvbench.registry import builtin_policies
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import partners
-from kvbench.runner.plan import RUNNER_VERSION
+from kvbench.runner.identity import RUNNER_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role, digest

@@ -128,7 +128,7 @@ def rebuild(
         role=spec.role,
         data=local,
         runtime=runtime,
-        measurement=measurement.model_dump() if measurement is not None else None,
+        measurement=measurement,
     )
     if local is not None and (
         cell.spec.data is None or spec.data is None or cell.spec.data.sha256 != spec.data.sha256

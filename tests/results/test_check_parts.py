@@ -21,7 +21,8 @@ from kvbench.results.check import (
     write_reference,
 )
 from kvbench.results.stats import bootstrap_mean
-from kvbench.runner.plan import Cell, RunRequest, plan
+from kvbench.runner.cell import Cell
+from kvbench.runner.plan import RunRequest, plan
 from kvbench.store.records import SampleRecord
 from kvbench.store.shards import ShardStore, problem_key
 

@@ -19,8 +19,9 @@ from kvbench.leaderboard.queries import Compression, leaderboard
 from kvbench.results.compare import Filters, compare
 from kvbench.results.comparison import stored_runs
 from kvbench.results.pairing import partners
+from kvbench.runner.cell import Cell
 from kvbench.runner.orchestrate import run_cells
-from kvbench.runner.plan import Cell, RunRequest, plan
+from kvbench.runner.plan import RunRequest, plan
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import ingest
 from kvbench.submissions.contents import stored_runs as bundle_runs

@@ -11,7 +11,8 @@ import pytest
 from invoke import kvbench
 
 from kvbench.runner.budgets import settle
-from kvbench.runner.plan import RunRequest, measurement_key, plan
+from kvbench.runner.identity import measurement_key
+from kvbench.runner.plan import RunRequest, plan
 from kvbench.specs.resolved import MeasurementRecord
 
 GSM8K = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from kvbench.adapters.hf.backend import HFBackend
 from kvbench.adapters.hf.models import LoadedModel
-from kvbench.runner.execute import Graders, cell_problems
+from kvbench.graders.registry import Graders
+from kvbench.runner.execute import cell_problems
 from kvbench.runner.plan import RunRequest, plan
 from kvbench.runner.probe_units import ProbeTaskSource, encode_problem
 

@@ -14,10 +14,11 @@ import pytest
 from toy_adapter import ToyAdapter
 
 import kvbench.adapters.base as adapters
+from kvbench.runner.cell import Cell
 from kvbench.runner.execute import Replica
 from kvbench.runner.executor import Prepared, Unit, UnitResult
 from kvbench.runner.orchestrate import run_cells
-from kvbench.runner.plan import Cell, RunRequest, plan
+from kvbench.runner.plan import RunRequest, plan
 
 GSM8K = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"
 PROTOCOL = (Path(__file__).parents[2] / "suite" / "protocols" / "sink-only.yaml").read_text()
@@ -86,7 +87,7 @@ def _shards(out: Path) -> dict[tuple[str, str], list[dict]]:
 def test_an_executor_that_only_runs_units_gets_the_settled_budgets_and_shards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(adapters._REGISTERED, "toy", ToyAdapter)
+    monkeypatch.setitem(adapters.ADAPTERS.registered, "toy", ToyAdapter)
     cells = _cells(tmp_path)
     assert sorted(c.role for c in cells if c.pending is not None) == ["null", "policy"]
     local = run_cells(cells, tmp_path / "local", progress=False)
@@ -130,7 +131,7 @@ def test_cells_of_one_task_at_two_limits_each_run_their_own_problems(
 ) -> None:
     """One call with a task's cells at limit 1 and at limit 2 (as `kvbench verify` makes for a bundle that
     holds both): each cell runs its own problems, and a chosen problem beyond the smaller limit runs."""
-    monkeypatch.setitem(adapters._REGISTERED, "toy", ToyAdapter)
+    monkeypatch.setitem(adapters.ADAPTERS.registered, "toy", ToyAdapter)
     two, one = _cells(tmp_path, limit=2, budget=32), _cells(tmp_path, limit=1, budget=32)
     run_cells([*two, *one], tmp_path / "all", progress=False)
     held = Counter(run for run, _ in _shards(tmp_path / "all"))
