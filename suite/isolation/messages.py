@@ -104,9 +104,11 @@ def eviction_view(header: dict[str, Any], tensors: dict[str, Tensor]) -> Arrivin
     if header.get("calibration") is not None:
         mean = torch.complex(tensors["calibration.mean_real"], tensors["calibration.mean_imag"])
         calibration = QueryStats(**header["calibration"], mean=mean, mean_abs=tensors["calibration.mean_abs"])
+    arriving: dict[str, Any] = dict.fromkeys(_FIELDS)  # read from the arrivals, when first read
+    scalars: dict[str, Any] = {k: int(header[k]) for k in EVENT_SCALARS}
     view = ArrivingView(
-        **dict.fromkeys(_FIELDS),  # type: ignore[arg-type]
-        **{k: int(header[k]) for k in EVENT_SCALARS},
+        **arriving,
+        **scalars,
         model=_model_facts(header, tensors),
         state=layer_state(header, tensors),
         rngs=tuple(torch.Generator().manual_seed(int(seed)) for seed in header["seeds"]),

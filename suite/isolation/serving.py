@@ -39,7 +39,7 @@ class Arrivals(dict):
         self.update(self.fetch([name]))
         return self[name]
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self or name in self.later else default
 
 
