@@ -104,7 +104,7 @@ def _block_maxima(coarse: Tensor, columns: Tensor, region: int, scratch: Scratch
     return maxima[:, pad:]
 
 
-def rows_of(source: Tensor, rows: Tensor) -> Tensor:
+def _rows_of(source: Tensor, rows: Tensor) -> Tensor:
     """source [G, n, D] at rows [G, w] → [G, w, D]; one row copy each (``gather`` on a broadcast index is
     several times slower on the CPU)."""
     groups, n, dim = source.shape
@@ -120,7 +120,7 @@ class _Rows:
         self.rows, self.real, self.every = rows, real, every
 
     def of(self, source: Tensor) -> Tensor:
-        return source if self.every else rows_of(source, self.rows)
+        return source if self.every else _rows_of(source, self.rows)
 
     def own_column(self, start: int, end: int) -> tuple[Tensor, Tensor, Tensor]:
         """(group, row, column) of the entries where a row meets itself in the block: never a match."""

@@ -71,7 +71,7 @@ ON_REQUEST = ("keys", "values", "positions", "protected", "queries")
 """The view's tensors an isolated scorer may leave unread: after its first event the parent sends those it
 has read, and the others only when it reads them (kvbench.isolation.serving's Arrivals)."""
 
-_FIELDS = {"keys": "keys", "values": "values", "positions": "positions", "protected": "protected"}
+_FIELDS = ("keys", "values", "positions", "protected")  # the required ones; recent_queries defaults to None
 
 
 def _arriving(field: str, name: str) -> property:
