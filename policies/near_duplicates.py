@@ -9,7 +9,9 @@ multiplies several times faster, and only the pairs the screen cannot settle are
   threshold − margin is not similar, and one above threshold + margin is;
 - the columns are searched from the newest block back, and a row stops at its first block with a match:
   on a language model's keys nearly every row finds one among the newest 256 (measured on SmolLM2-135M's
-  keys: 93-99.9% of rows, by layer), on isotropic random keys no row does and the screen covers all.
+  keys: 93-99.9% of rows, by layer), on isotropic random keys no row does and the screen covers all;
+  then every block is screened at once, each row against every column, and only the blocks whose
+  maximum reaches the screen's lower level are searched.
 
 The pairs left in between are computed in fp32 one dot product each, so the result is that of the fp32
 matrix up to the order of summation inside a dot product.
@@ -30,9 +32,15 @@ in all (the fp32 accumulation adds ~1e-5). Tested on a million pairs."""
 COLUMNS = 256
 """Columns per screened block."""
 
-EXACT_COLUMNS = 64
-"""The newest columns, compared in fp32 without a screen: on SmolLM2-135M's keys 64-99% of rows (by layer)
-find their match there, and the rest search the screened blocks."""
+SCREEN_BYTES = 8 << 20
+"""The most one product of the screen holds: one KV head's rows against all its columns up to n = 2048.
+Measured on `kvbench bench evict` (2-core Xeon with AMX): one large product per KV head ran faster than
+panels of 256-1024 rows, and than a triangle of panels that uses the products' symmetry (smaller
+products run at a lower rate, which ate the third of the work symmetry saved)."""
+
+NEWEST_COLUMNS = 64
+"""The newest columns, searched first for every row: on SmolLM2-135M's keys 64-99% of rows (by layer) find
+their match there, and only the rest search the older blocks."""
 
 _MASKED = -(2**15)  # the smallest int16: a bf16 -0.0, below every level compared with
 
@@ -42,66 +50,49 @@ def newest_near_duplicates(
 ) -> tuple[Tensor, Tensor]:
     """[G, n] index of each row's newest other row with cosine > threshold (−1 where none), and [G, n]
     that cosine in fp32 (0 where none); unit [G, n, D] holds a few groups (KV heads of batch rows) at a
-    time, so that a [G, n, COLUMNS] block stays small, and ``scratch`` is reused from one call to the next."""
+    time, and ``scratch`` is reused from one call to the next."""
     scratch = scratch or Scratch()
-    groups, n, dim = unit.shape
-    newest = torch.full((groups, n), -1, dtype=torch.long, device=unit.device)
-    similarity = torch.zeros(groups, n, device=unit.device)
-    screened = max(0, n - EXACT_COLUMNS)  # columns [0, screened) are screened first
-    middle = max(0, n - EXACT_COLUMNS // 4)
-    for start, end in ((middle, n), (screened, middle)):
-        if end > start and bool((newest < 0).any()):
-            _match_exactly(unit, _compacted(newest < 0), start, end, threshold, newest, similarity)
-    if screened == 0:
-        return newest, similarity
-    coarse = scratch.take("coarse", (groups, n, dim), torch.bfloat16, unit.device)
-    coarse.copy_(unit)
-    columns = scratch.take("columns", (groups, dim, n), torch.bfloat16, unit.device)
-    columns.copy_(coarse.mT)  # a block of columns is then a slice the product reads in place
-    levels = _level(threshold - SCREEN_MARGIN, below=True), _level(threshold + SCREEN_MARGIN, below=False)
-    # where every row still searches (keys with few near-duplicates), the screen's symmetry halves it
-    maxima = _block_maxima(coarse, columns, screened, scratch) if bool((newest < 0).all()) else None
-    pad = (-screened) % COLUMNS
-    for block in reversed(range((screened + pad) // COLUMNS)):
-        start, end = max(0, block * COLUMNS - pad), (block + 1) * COLUMNS - pad
-        searching = newest < 0
+    search = _Search(unit, threshold, scratch)
+    n = unit.shape[1]
+    # the newest columns first, for every row: a language model's keys mostly match there
+    newest_start = max(0, n - NEWEST_COLUMNS // 4)
+    search.block(search.newest < 0, newest_start, n)
+    maxima = None
+    if newest_start and bool((search.newest < 0).all()):  # few near-duplicates: screen all blocks at once
+        screened, maxima = newest_start, _block_maxima(search.coarse, newest_start, scratch)
+    else:
+        screened = max(0, n - NEWEST_COLUMNS)
+        search.block(search.newest < 0, screened, newest_start)
+    for block in reversed(range(-(-screened // COLUMNS))):
+        searching = search.newest < 0
         if maxima is not None:
-            searching &= maxima[:, :, block] > levels[0]
-        if bool(searching.any()):
-            rows = _compacted(searching)
-            _match_screened(unit, coarse, columns, rows, start, end, threshold, levels, newest, similarity)
-    return newest, similarity
+            searching &= maxima[:, :, block] > search.low
+        search.block(searching, block * COLUMNS, min(screened, (block + 1) * COLUMNS))
+    return search.newest, search.similarity
 
 
-def _block_maxima(coarse: Tensor, columns: Tensor, region: int, scratch: Scratch) -> Tensor:
+def _block_maxima(coarse: Tensor, region: int, scratch: Scratch) -> Tensor:
     """[G, n, blocks] int16: each row's largest screened similarity (as bf16 bits) in each block of
-    COLUMNS of the columns [0, region), blocks counted from a start padded with zero keys. The rows of
-    the region are screened against one another once, row block a against blocks ≤ a: the same product
-    gives row block a's maxima (along its rows) and the older rows' maxima in block a (along its
-    columns)."""
-    groups, n, dim = coarse.shape
-    pad = (-region) % COLUMNS
-    blocks = (region + pad) // COLUMNS
-    padded, padded_columns = coarse[:, :region], columns[:, :, :region]
-    if pad:
-        padded = torch.cat([coarse.new_zeros(groups, pad, dim), padded], dim=1)
-        padded_columns = torch.cat([columns.new_zeros(groups, dim, pad), padded_columns], dim=2)
-    maxima = torch.empty(groups, pad + n, blocks, dtype=torch.int16, device=coarse.device)
-    diagonal = torch.arange(COLUMNS, device=coarse.device)
-    # one buffer for every block's products: growing sizes, each allocated anew, would each be mapped
-    # and zeroed page by page (see kvbench.policies.scoring.CHUNK_BYTES)
-    space = scratch.take("products", (groups * COLUMNS * (region + pad),), coarse.dtype, coarse.device)
-    for a in range(blocks):
-        rows = slice(a * COLUMNS, (a + 1) * COLUMNS)
-        products = space[: groups * COLUMNS * rows.stop].view(groups, COLUMNS, rows.stop)
-        torch.bmm(padded[:, rows], padded_columns[:, :, : rows.stop], out=products)
-        products = products.view(torch.int16)
-        products[:, diagonal, rows.start + diagonal] = _MASKED
-        maxima[:, rows, : a + 1] = products.view(groups, COLUMNS, a + 1, COLUMNS).amax(dim=-1)
-        maxima[:, : rows.start, a] = products[:, :, : rows.start].amax(dim=1)
-    later = torch.bmm(coarse[:, region:], padded_columns).view(torch.int16)  # the exact columns' own rows
-    maxima[:, pad + region :] = later.view(groups, n - region, blocks, COLUMNS).amax(dim=-1)
-    return maxima[:, pad:]
+    COLUMNS of the columns [0, region), the last block possibly shorter: one KV head at a time, its rows
+    (SCREEN_BYTES permitting) against all its columns in one product."""
+    groups, n, _ = coarse.shape
+    whole, rest = divmod(region, COLUMNS)
+    maxima = torch.empty(groups, n, whole + (rest > 0), dtype=torch.int16, device=coarse.device)
+    step = max(COLUMNS, SCREEN_BYTES // (2 * n) // COLUMNS * COLUMNS)
+    space = scratch.take("products", (min(step, n) * n,), coarse.dtype, coarse.device)
+    for group in range(groups):
+        for first in range(0, n, step):
+            last = min(n, first + step)
+            products = space[: (last - first) * n].view(last - first, n)
+            torch.mm(coarse[group, first:last], coarse[group].mT, out=products)
+            bits = products.view(torch.int16)
+            bits.diagonal(offset=first).fill_(_MASKED)  # else every row would search its own block
+            if whole:
+                blocks = bits[:, : whole * COLUMNS].unflatten(-1, (whole, COLUMNS))
+                torch.amax(blocks, dim=-1, out=maxima[group, first:last, :whole])
+            if rest:
+                torch.amax(bits[:, whole * COLUMNS : region], dim=-1, out=maxima[group, first:last, whole])
+    return maxima
 
 
 def _rows_of(source: Tensor, rows: Tensor) -> Tensor:
@@ -139,50 +130,45 @@ def _compacted(searching: Tensor) -> _Rows:
     return _Rows(searching.byte().argsort(dim=-1, descending=True, stable=True)[:, :width], real, every=False)
 
 
-def _match_exactly(
-    unit: Tensor, rows: _Rows, start: int, end: int, threshold: float, newest: Tensor, similarity: Tensor
-) -> None:
-    exact = torch.bmm(rows.of(unit), unit[:, start:end].mT)  # [g, w, c] fp32
-    exact[rows.own_column(start, end)] = -torch.inf
-    column = torch.arange(end - start, device=unit.device, dtype=torch.int16)
-    matched = torch.where(exact > threshold, column, -1).amax(dim=-1).long()
-    g_idx, r_idx = ((matched >= 0) & rows.real).nonzero(as_tuple=True)
-    row_of, column_of = rows.rows[g_idx, r_idx], matched[g_idx, r_idx]
-    newest[g_idx, row_of] = start + column_of
-    similarity[g_idx, row_of] = exact[g_idx, r_idx, column_of]
+class _Search:
+    """One call's keys (fp32 and bf16), the screen's levels as bf16 bits, and what is found so far."""
 
+    def __init__(self, unit: Tensor, threshold: float, scratch: Scratch) -> None:
+        groups, n, dim = unit.shape
+        self.unit, self.threshold = unit, threshold
+        self.coarse = scratch.take("coarse", (groups, n, dim), torch.bfloat16, unit.device)
+        self.coarse.copy_(unit)
+        self.low = _level(threshold - SCREEN_MARGIN, below=True)
+        self.high = _level(threshold + SCREEN_MARGIN, below=False)
+        self.newest = torch.full((groups, n), -1, dtype=torch.long, device=unit.device)
+        self.similarity = torch.zeros(groups, n, device=unit.device)
 
-def _match_screened(
-    unit: Tensor,
-    coarse: Tensor,
-    columns: Tensor,
-    rows: _Rows,
-    start: int,
-    end: int,
-    threshold: float,
-    levels: tuple[int, int],
-    newest: Tensor,
-    similarity: Tensor,
-) -> None:
-    low, high = levels
-    screen = torch.bmm(rows.of(coarse), columns[:, :, start:end]).view(torch.int16)  # bf16 bits
-    screen[rows.own_column(start, end)] = _MASKED
-    flagged = (screen.amax(dim=-1) > low) & rows.real
-    if not bool(flagged.any()):
-        return
-    g_idx, r_idx = flagged.nonzero(as_tuple=True)
-    values = screen[g_idx, r_idx]  # [P, c]
-    column = torch.arange(end - start, device=unit.device, dtype=torch.int16)
-    surely = torch.where(values > high, column, -1).amax(dim=-1)  # the newest sure match in the block
-    p_idx, j_idx = ((values > low) & (column > surely[:, None])).nonzero(as_tuple=True)
-    row_of = rows.rows[g_idx, r_idx]
-    exact = (unit[g_idx[p_idx], row_of[p_idx]] * unit[g_idx[p_idx], start + j_idx]).sum(dim=-1)
-    checked = torch.where(exact > threshold, j_idx, -1).to(torch.int16)
-    matched = surely.scatter_reduce(0, p_idx, checked, "amax").long()
-    found = matched >= 0
-    g_found, row_found, column_found = g_idx[found], row_of[found], start + matched[found]
-    newest[g_found, row_found] = column_found
-    similarity[g_found, row_found] = (unit[g_found, row_found] * unit[g_found, column_found]).sum(dim=-1)
+    def block(self, searching: Tensor, start: int, end: int) -> None:
+        """Each ``searching`` row's newest match among the columns [start, end), where it has one."""
+        if end <= start or not bool(searching.any()):
+            return
+        rows = _compacted(searching)
+        screen = torch.bmm(rows.of(self.coarse), self.coarse[:, start:end].mT).view(torch.int16)  # bf16 bits
+        screen[rows.own_column(start, end)] = _MASKED
+        flagged = (screen.amax(dim=-1) > self.low) & rows.real
+        if not bool(flagged.any()):
+            return
+        g_idx, r_idx = flagged.nonzero(as_tuple=True)
+        values = screen[g_idx, r_idx]  # [P, c]
+        column = torch.arange(end - start, device=screen.device, dtype=torch.int16)
+        surely = torch.where(values > self.high, column, -1).amax(dim=-1)  # the newest sure match
+        p_idx, j_idx = ((values > self.low) & (column > surely[:, None])).nonzero(as_tuple=True)
+        row_of = rows.rows[g_idx, r_idx]
+        exact = self._dot(g_idx[p_idx], row_of[p_idx], start + j_idx)
+        checked = torch.where(exact > self.threshold, j_idx, -1).to(torch.int16)
+        matched = surely.scatter_reduce(0, p_idx, checked, "amax").long()
+        found = matched >= 0
+        g_found, row_found, column_found = g_idx[found], row_of[found], start + matched[found]
+        self.newest[g_found, row_found] = column_found
+        self.similarity[g_found, row_found] = self._dot(g_found, row_found, column_found)
+
+    def _dot(self, group: Tensor, row: Tensor, column: Tensor) -> Tensor:
+        return (self.unit[group, row] * self.unit[group, column]).sum(dim=-1)
 
 
 def _level(value: float, below: bool) -> int:

@@ -18,6 +18,8 @@ See docs/policies.md#rkv-official (every built-in policy's math, sources and rec
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -26,22 +28,24 @@ from kvbench.policies.near_duplicates import newest_near_duplicates
 from kvbench.policies.scoring import Scratch, heads_per_chunk, window_attention
 
 
-def thresholded_redundancy(keys: Tensor, threshold: float) -> Tensor:
+def thresholded_redundancy(keys: Tensor, threshold: float, scratch: Scratch | None = None) -> Tensor:
     """R-KV's redundancy [B, Hkv, n] (see the module docstring). A column sum of the cosine matrix is
     u_j·Σ_i u_i, less the diagonal and the entry each row zeroes: O(n·D) given each row's newest
-    near-duplicate (kvbench.policies.near_duplicates); a few KV heads at a time, as window_attention."""
+    near-duplicate (kvbench.policies.near_duplicates); a few KV heads at a time, as window_attention, in
+    buffers that ``scratch`` keeps from one call to the next."""
     batch, heads, n, dim = keys.shape
     flat = keys.reshape(batch * heads, n, dim)
     column_sums = flat.new_empty(batch * heads, n, dtype=torch.float32)
-    step, scratch = heads_per_chunk(n * dim), Scratch()
+    step, scratch = heads_per_chunk(n * dim), scratch or Scratch()
     for first in range(0, batch * heads, step):
         part = flat[first : first + step]
         norms = torch.linalg.vector_norm(part, dim=-1, keepdim=True, dtype=torch.float32)
         unit = scratch.take("unit", part.shape, torch.float32, part.device)
         torch.div(part, norms.clamp_min(1e-12), out=unit)  # F.normalize, into a buffer every chunk reuses
-        sums = torch.bmm(unit, unit.sum(dim=1)[..., None])[..., 0] - (norms[..., 0] > 0).float()
+        # u_j·Σu and u_j·u_0 in one pass: a row with no near-duplicate zeroes its slot 0 instead
+        sums, to_first = torch.bmm(unit, torch.stack([unit.sum(dim=1), unit[:, 0]], dim=-1)).unbind(-1)
+        sums = sums - (norms[..., 0] > 0).float()
         newest, similarity = newest_near_duplicates(unit, threshold, scratch)
-        to_first = torch.bmm(unit, unit[:, :1].mT)[..., 0]  # a row with none zeroes its slot 0 instead
         entries = torch.where(newest >= 0, similarity, to_first)
         entries[:, 0].masked_fill_(newest[:, 0] < 0, 0.0)  # row 0's slot 0 is its diagonal, left out
         column_sums[first : first + step] = sums.scatter_add_(1, newest.clamp(min=0), -entries)
@@ -61,7 +65,11 @@ class RKVOfficial(Policy):
     def query_window(self) -> int:
         return self.window
 
+    @functools.cached_property
+    def _scratch(self) -> Scratch:
+        return Scratch()  # one per policy, reused at every event (not a parameter: a cache)
+
     def score(self, view: EvictionView) -> Tensor:
         importance = window_attention(view.queries[:, :, -self.window :], view.keys, pool="max7", group="max")
-        redundancy = thresholded_redundancy(view.keys, self.threshold)
+        redundancy = thresholded_redundancy(view.keys, self.threshold, self._scratch)
         return self.lam * importance - (1.0 - self.lam) * redundancy

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.policies.near_duplicates import COLUMNS, EXACT_COLUMNS, SCREEN_MARGIN, newest_near_duplicates
+from kvbench.policies.near_duplicates import COLUMNS, NEWEST_COLUMNS, SCREEN_MARGIN, newest_near_duplicates
 
 
 def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -33,7 +33,7 @@ def planted(n: int, dim: int, pairs: int, seed: int, cosines: tuple[float, float
     ``pairs`` older keys rewritten to a cosine drawn from ``cosines`` with another old key."""
     gen = torch.Generator().manual_seed(seed)
     unit = F.normalize(torch.randn(3, n, dim, generator=gen), dim=-1)
-    older = n - EXACT_COLUMNS - 1
+    older = n - NEWEST_COLUMNS - 1
     for group in range(3):
         for _ in range(pairs if older > 1 else 0):
             a, b = torch.randint(0, older, (2,), generator=gen).tolist()
@@ -45,7 +45,7 @@ def planted(n: int, dim: int, pairs: int, seed: int, cosines: tuple[float, float
     return unit
 
 
-@pytest.mark.parametrize("n", [1, 5, EXACT_COLUMNS, EXACT_COLUMNS + 1, 700, 2 * COLUMNS + EXACT_COLUMNS])
+@pytest.mark.parametrize("n", [1, 5, NEWEST_COLUMNS, NEWEST_COLUMNS + 1, 700, 2 * COLUMNS + NEWEST_COLUMNS])
 def test_isotropic_keys_with_planted_pairs_around_the_threshold(n: int) -> None:
     unit = planted(n, 128, pairs=n // 10, seed=n, cosines=(0.45, 0.55))
     assert (brute_force(unit, 0.5) >= 0).any() or n < 100
