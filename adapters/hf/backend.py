@@ -6,14 +6,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvbench.adapters.base import Capabilities, Generation, ModelShape, Sampling, TeacherForced, Watch
-from kvbench.adapters.hf.models import LoadedModel
+from kvbench.adapters.base import Capabilities, Generation, ModelShape, TeacherForced
+from kvbench.adapters.hf.models import LoadedModel, LoadedTokens
 from kvbench.core.contract import NEEDS, ModelFacts, Policy
-from kvbench.core.engine import PinnedSlots
 from kvbench.core.schedule import Schedule
 
 
-class HFBackend:
+class HFBackend(LoadedTokens):
     """One loaded transformers model; ``loaded`` stays reachable for hf-only tools (benchmarks)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
@@ -31,72 +30,24 @@ class HFBackend:
         network = self.loaded.model
         return shape_of(self.loaded.spec, network.config, sum(p.numel() for p in network.parameters()))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def prompt_ids(self, user_text: str) -> list[int]:
-        return self.loaded.prompt_ids(user_text)
-
+    # The keyword options are Backend's (adapters/base.py), passed on as they are named there.
     def teacher_force(
-        self,
-        prompt_ids: Sequence[int],
-        continuation_ids: Sequence[int],
-        policy: Policy,
-        schedule: Schedule,
-        *,
-        row_seeds: Sequence[int],
-        calibration: Any = None,
-        reference: bool = False,
-        refuse_capped_prompt: bool = False,
-        pinned: PinnedSlots | None = None,
-        watch: Watch | None = None,
-    ) -> TeacherForced:
+        self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], policy: Policy, schedule: Schedule,
+        **options: Any,
+    ) -> TeacherForced:  # fmt: skip
         from kvbench.adapters.hf.teacher import teacher_force
 
+        memo = self._full_cache_memo
         return teacher_force(
-            self.loaded,
-            prompt_ids,
-            continuation_ids,
-            policy,
-            schedule,
-            row_seeds=row_seeds,
-            calibration=calibration,
-            reference=reference,
-            refuse_capped_prompt=refuse_capped_prompt,
-            pinned=pinned,
-            watch=watch,
-            memo=self._full_cache_memo,
+            self.loaded, prompt_ids, continuation_ids, policy, schedule, memo=memo, **options
         )
 
     def generate(
-        self,
-        prompt_ids: Sequence[int],
-        policy: Policy,
-        schedule: Schedule,
-        *,
-        sample_seeds: Sequence[int],
-        sampling: Sampling,
-        max_new_tokens: int,
-        calibration: Any = None,
-        refuse_capped_prompt: bool = False,
-        ignore_stop: bool = False,
-        stop_strings: Sequence[str] = (),
+        self, prompt_ids: Sequence[int], policy: Policy, schedule: Schedule, **options: Any
     ) -> Generation:
         from kvbench.adapters.hf.decode import generate
 
-        return generate(
-            self.loaded,
-            prompt_ids,
-            policy,
-            schedule,
-            sample_seeds=sample_seeds,
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            calibration=calibration,
-            refuse_capped_prompt=refuse_capped_prompt,
-            ignore_stop=ignore_stop,
-            stop_strings=stop_strings,
-        )
+        return generate(self.loaded, prompt_ids, policy, schedule, **options)
 
     def calibrate(self) -> Any:
         from kvbench.adapters.hf.calibrate import calibrate

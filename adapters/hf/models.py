@@ -60,6 +60,19 @@ class LoadedModel:
         return sorted(set(ids))
 
 
+class LoadedTokens:
+    """A backend's ``encode`` and ``prompt_ids`` (adapters/base.py): its LoadedModel's tokenizer and chat
+    template, which the hf and vllm backends share (vLLM sees token ids only)."""
+
+    loaded: LoadedModel
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        return self.loaded.prompt_ids(user_text)
+
+
 CACHE_ENV = "KVBENCH_CACHE"
 """The one setting for kvbench's cache folder (default ``$XDG_CACHE_HOME/kvbench``, or ~/.cache/kvbench)."""
 CONVERTER_VERSION = 1

@@ -21,15 +21,14 @@ from kvbench.adapters.base import (
     Sample,
     Sampling,
     TeacherForced,
-    Watch,
     before_stop,
 )
+from kvbench.adapters.hf.models import LoadedModel, LoadedTokens
 from kvbench.adapters.vllm.guard import VLLM_VERSION, check_version
 from kvbench.adapters.vllm.paged_schedule import PagedSchedule
 from kvbench.adapters.vllm.plugin import ACTIVE
 from kvbench.adapters.vllm.request_config import RequestConfig
 from kvbench.core.contract import ModelFacts, Policy
-from kvbench.core.engine import PinnedSlots
 from kvbench.core.retention import Retention
 from kvbench.core.schedule import Schedule
 from kvbench.errors import CapabilityError
@@ -43,8 +42,8 @@ KV_POOL_BYTES = 1 << 28
 """The engine's KV pool (256 MiB), sized explicitly: runs do not depend on the machine's free memory."""
 
 
-class VLLMBackend:
-    def __init__(self, loaded: Any, llm: Any, checkpoint: Path, engine_pids: set[int]) -> None:
+class VLLMBackend(LoadedTokens):
+    def __init__(self, loaded: LoadedModel, llm: Any, checkpoint: Path, engine_pids: set[int]) -> None:
         self.loaded = loaded
         self.llm = llm
         self.engine_pids = engine_pids
@@ -52,26 +51,7 @@ class VLLMBackend:
         self.facts: ModelFacts = loaded.facts
         self.preemptions_seen = 0
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def prompt_ids(self, user_text: str) -> list[int]:
-        return self.loaded.prompt_ids(user_text)
-
-    def teacher_force(
-        self,
-        prompt_ids: Sequence[int],
-        continuation_ids: Sequence[int],
-        policy: Policy,
-        schedule: Schedule,
-        *,
-        row_seeds: Sequence[int],
-        calibration: Any = None,
-        reference: bool = False,
-        refuse_capped_prompt: bool = False,
-        pinned: PinnedSlots | None = None,
-        watch: Watch | None = None,
-    ) -> TeacherForced:
+    def teacher_force(self, *args: Any, **kwargs: Any) -> TeacherForced:
         raise CapabilityError(
             "the vllm adapter decodes only; teacher-forced probes (passkey, planted-fact, fidelity) run "
             "on the hf adapter"
@@ -97,19 +77,7 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if "step_attention" in policy.needs:
-            raise CapabilityError(
-                f"policy {policy.name!r} reads every step's attention weights, which vLLM's attention "
-                "kernels never materialise: run it on the hf adapter"
-            )
-        if "calibration" in policy.needs:
-            raise CapabilityError(
-                f"policy {policy.name!r} needs calibration statistics: run it on the hf adapter"
-            )
-        if schedule.precision is not None:
-            raise CapabilityError(
-                "a mixed-precision cache runs on the hf adapter only: vLLM's paged blocks hold one precision"
-            )
+        _refuse_unsupported(policy, schedule)
         protected = schedule.protected_prefix(len(prompt_ids))
         if refuse_capped_prompt and policy.evicts:
             schedule.refuse_capped(len(prompt_ids))
@@ -221,6 +189,23 @@ class VLLMBackend:
                 "from its whole logical sequence, which brings evicted tokens back, so these samples are "
                 "not under the policy. kvbench's admission should make this impossible: report it."
             )
+
+
+def _refuse_unsupported(policy: Policy, schedule: Schedule) -> None:
+    """CapabilityError, naming the hf adapter, for what vLLM's kernels and paged blocks cannot serve."""
+    if "step_attention" in policy.needs:
+        raise CapabilityError(
+            f"policy {policy.name!r} reads every step's attention weights, which vLLM's attention "
+            "kernels never materialise: run it on the hf adapter"
+        )
+    if "calibration" in policy.needs:
+        raise CapabilityError(
+            f"policy {policy.name!r} needs calibration statistics: run it on the hf adapter"
+        )
+    if schedule.precision is not None:
+        raise CapabilityError(
+            "a mixed-precision cache runs on the hf adapter only: vLLM's paged blocks hold one precision"
+        )
 
 
 class VLLMAdapter:
