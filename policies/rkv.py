@@ -15,24 +15,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, WindowedPolicy, policy
 from kvbench.policies.scoring import key_redundancy, window_attention
 
 
 @policy("rkv", needs={"queries"})
-class RKV(Policy):
+class RKV(WindowedPolicy):
     """R-KV (papers' variant): attention importance minus key redundancy, λ = 0.5."""
 
     lam: float = 0.5
     """λ in λ·importance − (1 − λ)·redundancy."""
     window: int = 64
 
-    @property
-    def query_window(self) -> int:
-        return self.window
-
     def score(self, view: EvictionView) -> Tensor:
-        importance = window_attention(
-            view.queries[:, :, -self.window :], view.keys, pool="avg5", group="mean"
-        )
+        importance = window_attention(self.recent_queries(view), view.keys, pool="avg5", group="mean")
         return self.lam * importance - (1.0 - self.lam) * key_redundancy(view.keys)

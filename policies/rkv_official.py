@@ -23,7 +23,7 @@ import functools
 import torch
 from torch import Tensor
 
-from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, WindowedPolicy, policy
 from kvbench.policies.near_duplicates import newest_near_duplicates
 from kvbench.policies.scoring import Scratch, heads_per_chunk, window_attention
 
@@ -53,7 +53,7 @@ def thresholded_redundancy(keys: Tensor, threshold: float, scratch: Scratch | No
 
 
 @policy("rkv-official", needs={"queries"})
-class RKVOfficial(Policy):
+class RKVOfficial(WindowedPolicy):
     """R-KV (repository variant): 8-query max-pooled importance minus thresholded redundancy, λ = 0.1."""
 
     lam: float = 0.1
@@ -61,15 +61,11 @@ class RKVOfficial(Policy):
     window: int = 8
     threshold: float = 0.5
 
-    @property
-    def query_window(self) -> int:
-        return self.window
-
     @functools.cached_property
     def _scratch(self) -> Scratch:
         return Scratch()  # one per policy, reused at every event (not a parameter: a cache)
 
     def score(self, view: EvictionView) -> Tensor:
-        importance = window_attention(view.queries[:, :, -self.window :], view.keys, pool="max7", group="max")
+        importance = window_attention(self.recent_queries(view), view.keys, pool="max7", group="max")
         redundancy = thresholded_redundancy(view.keys, self.threshold, self._scratch)
         return self.lam * importance - (1.0 - self.lam) * redundancy

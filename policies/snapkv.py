@@ -14,22 +14,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, WindowedPolicy, policy
 from kvbench.policies.scoring import GroupReduce, Pool, window_attention
 
 
 @policy("snapkv", needs={"queries"})
-class SnapKV(Policy):
+class SnapKV(WindowedPolicy):
     """SnapKV: attention of the last W queries, pooled along the slots."""
 
     window: int = 64
     pool: Pool = "avg5"
     group: GroupReduce = "mean"
 
-    @property
-    def query_window(self) -> int:
-        return self.window
-
     def score(self, view: EvictionView) -> Tensor:
-        queries = view.queries[:, :, -self.window :]
+        queries = self.recent_queries(view)
         return window_attention(queries, view.keys, pool=self.pool, group=self.group)

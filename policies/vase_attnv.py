@@ -25,12 +25,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, WindowedPolicy, policy
 from kvbench.policies.scoring import gumbel_topk, value_range, window_attention
 
 
 @policy("vase-attnv", needs={"queries"})
-class VaseAttnV(Policy):
+class VaseAttnV(WindowedPolicy):
     """VASE-AttnV: reserve the largest-range values, sample the rest by attention."""
 
     value_share: float = 0.25
@@ -40,10 +40,6 @@ class VaseAttnV(Policy):
     sinks: int = 4
     """With ``reserve = "all"``: the first slots, forced into the reserve."""
     window: int = 64
-
-    @property
-    def query_window(self) -> int:
-        return self.window
 
     def reserved(self, view: EvictionView) -> Tensor:
         """[B, Hkv, n] bool: the N_v reserved slots of each KV head."""
@@ -61,5 +57,5 @@ class VaseAttnV(Policy):
         return torch.zeros_like(ranking, dtype=torch.bool).scatter_(-1, best.indices, chosen)
 
     def score(self, view: EvictionView) -> Tensor:
-        attention = window_attention(view.queries[:, :, -self.window :], view.keys, pool="avg5", group="mean")
+        attention = window_attention(self.recent_queries(view), view.keys, pool="avg5", group="mean")
         return gumbel_topk(attention, view).masked_fill(self.reserved(view), float("inf"))

@@ -19,30 +19,27 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.core.contract import EvictionView, Policy, policy
+from kvbench.core.contract import EvictionView, WindowedPolicy, policy
 from kvbench.policies.scoring import value_range, window_attention
 
 
 # `needs` declares what the backend must provide: "queries" gives view.queries [B, Hq, W, D], the last
-# W post-RoPE queries. Drop it if your scorer does not read queries.
+# W post-RoPE queries. Drop it, and subclass Policy instead, if your scorer does not read queries.
 @policy("{name}", needs={{"queries"}})
-class {cls}(Policy):
+class {cls}(WindowedPolicy):
     """{title}: attention of the recent queries, weighted by value range (edit me)."""
 
     # Fields are the scorer's parameters, recorded with every result; give each a default. Set them with
     #     --policy {selector}:window=32
+    # WindowedPolicy gives the engine `window` as the number of recent queries to record.
     window: int = 64
-
-    @property
-    def query_window(self) -> int:
-        return self.window
 
     def score(self, view: EvictionView) -> Tensor:
         # Return [B, Hkv, n] float32 scores for the n candidates (every cached slot but the buffer);
         # higher = keep. The engine keeps the top K − B per KV head, always keeps protected slots
         # (prompt or sinks, by protocol) and the buffer, and compacts the cache: never select here.
         # Draw randomness only from view.uniform / view.normal / view.gumbel (seeded per row, layer, event).
-        attention = window_attention(view.queries[:, :, -self.window :], view.keys)
+        attention = window_attention(self.recent_queries(view), view.keys)
         return attention * value_range(view.values)
 '''
 

@@ -273,6 +273,21 @@ class Policy:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
 
+class WindowedPolicy(Policy):
+    """A policy that reads the last ``window`` queries: a subclass declares ``window: int`` with its
+    default, and the engine records that many (``query_window``)."""
+
+    window: int
+
+    @property
+    def query_window(self) -> int:
+        return self.window
+
+    def recent_queries(self, view: EvictionView) -> Tensor:
+        """[B, Hq, W, D] the last ``window`` of the view's queries."""
+        return view.queries[:, :, -self.window :]
+
+
 P = TypeVar("P", bound=type[Policy])
 
 
