@@ -69,18 +69,41 @@ outlives its mapping: a file in memory, a System V shared-memory segment)."""
 
 
 @dataclass(frozen=True)
-class Limits:
+class BoundaryLimits:
+    """What a process tree behind the boundary may hold: the code grader's programs (Limits) and isolated
+    scorers (kvbench.isolation.host's IsolationLimits) alike."""
+
+    memory_bytes: int = 1 << 30
+    """Address space of each of its processes."""
+    file_bytes: int = 16 << 20
+    """Largest file it may write (into its tmpfs; a file in memory, memfd, counts too)."""
+    scratch_bytes: int = 64 << 20
+    """Size of the tmpfs at /tmp, the one place it may write."""
+    processes: int = 16
+    """Processes and threads of its user, bubblewrap's own two included (process_cap)."""
+    open_files: int = 64
+    """Open file descriptors of each of its processes."""
+
+    def caps(self) -> dict[int, int]:
+        """The rlimits of its processes."""
+        return {
+            resource.RLIMIT_AS: self.memory_bytes,
+            resource.RLIMIT_CORE: 0,
+            resource.RLIMIT_FSIZE: self.file_bytes,
+            resource.RLIMIT_NOFILE: self.open_files,
+            resource.RLIMIT_NPROC: process_cap(self.processes),
+        }
+
+
+@dataclass(frozen=True)
+class Limits(BoundaryLimits):
     cpu_seconds: int = 4
     wall_seconds: float = 10.0
-    memory_bytes: int = 1 << 30
-    file_bytes: int = 16 << 20
-    """Largest file the program may write (into its tmpfs)."""
-    scratch_bytes: int = 64 << 20
-    """Size of the writable tmpfs."""
-    processes: int = 16
-    open_files: int = 64
     output_bytes: int = 8 << 20
     """Bytes read from stdout (and from stderr, and from the result channel) before the tree is killed."""
+
+    def caps(self) -> dict[int, int]:
+        return {**super().caps(), resource.RLIMIT_CPU: self.cpu_seconds}
 
 
 @dataclass(frozen=True)
@@ -398,18 +421,10 @@ def _supervise(command: Callable[[int, int], list[str]], stdin: bytes, limits: L
     """Start the sandbox, feed stdin, read every output with its cap, and kill the tree at the limits.
     ``command`` takes the result channel's and the seccomp program's file descriptors."""
     result_read, result_write = os.pipe()
-    caps = {
-        resource.RLIMIT_CPU: limits.cpu_seconds,
-        resource.RLIMIT_AS: limits.memory_bytes,
-        resource.RLIMIT_FSIZE: limits.file_bytes,
-        resource.RLIMIT_NOFILE: limits.open_files,
-        resource.RLIMIT_NPROC: process_cap(limits.processes),
-        resource.RLIMIT_CORE: 0,
-    }
     seccomp = refused_calls()
     try:
         line, user = as_fresh_user(command(result_write, seccomp))
-        process = launch(line, rlimits(caps), pass_fds=(result_write, seccomp), **user)
+        process = launch(line, rlimits(limits.caps()), pass_fds=(result_write, seccomp), **user)
     finally:
         os.close(seccomp)
     os.close(result_write)

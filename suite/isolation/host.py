@@ -17,7 +17,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import resource
 import selectors
 import shutil
 import subprocess
@@ -35,12 +34,12 @@ from torch import Tensor
 from kvbench.core.contract import NEEDS, EvictionView, LayerState, Policy, StepView
 from kvbench.errors import ScorerError, SpecError
 from kvbench.graders.sandbox import (
+    BoundaryLimits,
     Sandbox,
     as_fresh_user,
     boundary,
     kill,
     launch,
-    process_cap,
     program_folder,
     refused_calls,
     rlimits,
@@ -54,7 +53,7 @@ ARENA_INSIDE = "/arena"  # the request's large tensors (kvbench.isolation.arena)
 
 
 @dataclass(frozen=True)
-class IsolationLimits:
+class IsolationLimits(BoundaryLimits):
     seconds_per_call: float = 60.0
     """The time limit of each call into the scorer's code: loading its file and making the policy, then
     each event (a score or an observed step). ``--scorer-seconds``."""
@@ -67,15 +66,8 @@ class IsolationLimits:
     limit; this catches the threads and processes that work beside it, or go on after it returned."""
     memory_bytes: int = 16 << 30
     """Address space of each of the scorer's processes (torch reserves much more than it touches)."""
-    scratch_bytes: int = 64 << 20
-    """Size of the tmpfs at /tmp, the one place it may write (/dev and /dev/shm are read-only)."""
     file_bytes: int = 64 << 20
-    """Largest file it may write (a file in memory, memfd, counts too)."""
     processes: int = 32
-    """Processes and threads of the scorer's user, bubblewrap's own two included (an unprivileged host's
-    sandbox runs as its own user, whose tasks already running are added to the cap)."""
-    open_files: int = 64
-    """Open file descriptors of each of its processes."""
     reply_bytes: int = 1 << 32
     log_bytes: int = 64 << 10
     """The last bytes of the scorer's stderr kept, for the message when it fails."""
@@ -83,16 +75,6 @@ class IsolationLimits:
     @property
     def cpu_per_call(self) -> float:
         return self.cpu_seconds if self.cpu_seconds is not None else self.seconds_per_call
-
-    def caps(self) -> dict[int, int]:
-        """The rlimits of the scorer's processes."""
-        return {
-            resource.RLIMIT_AS: self.memory_bytes,
-            resource.RLIMIT_CORE: 0,
-            resource.RLIMIT_FSIZE: self.file_bytes,
-            resource.RLIMIT_NOFILE: self.open_files,
-            resource.RLIMIT_NPROC: process_cap(self.processes),
-        }
 
     def named(self, code: int | None) -> str:
         """Which limit an OSError's errno from the scorer points at ('' when none)."""
