@@ -44,7 +44,7 @@ from kvbench.graders.sandbox import (
     refused_calls,
     rlimits,
 )
-from kvbench.isolation import messages, wire
+from kvbench.isolation import messages, serving, wire
 from kvbench.isolation.arena import Arena
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
@@ -196,11 +196,8 @@ class ScorerProcess:
             raise ScorerError(f"{where}: the scorer's process broke off ({self._exit()}; {exc})") from None
         self.cpu.charge(self.limits.cpu_per_call)
         if not header.get("ok"):
-            name, message = header.get("error", "an error"), header.get("message", "")
             limit = self.limits.named(header.get("errno"))
-            limit = f" ({limit})" if limit else ""
-            detail = str(header.get("trace", "")).strip().splitlines()[-6:]
-            raise ScorerError(f"{where} raised {name}: {message}{limit}\n" + "\n".join(detail))
+            raise serving.raised(where, header, f" ({limit})" if limit else "")
         return header, tensors
 
     def _delivered(self, header: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Shared by the isolated scorer's child (kvbench.isolation.child) and kvpress's (kvbench.kvpress.child).
 Replies go out on the stdout the process found at start, which is then pointed at stderr so that what
 the scorer prints cannot corrupt the replies. Whatever the scorer raises (SystemExit, KeyboardInterrupt
-and MemoryError included) is sent back by name; the parent decides what it means.
+and MemoryError included) is sent back by name; the parent decides what it means (``raised`` reads it
+back as the parent's error).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kvbench.errors import ScorerError
 from kvbench.isolation import wire
 from kvbench.isolation.arena import ArenaReader
 
@@ -52,6 +54,14 @@ def failure(exc: BaseException) -> dict[str, Any]:
         "message": str(exc)[:2000],
         "trace": "".join(frames)[-4000:],
     }
+
+
+def raised(where: str, reply: dict[str, Any], note: str = "") -> ScorerError:
+    """The parent's error for a ``failure`` reply: what the child raised at ``where`` (``note`` added to its
+    message), and the end of its trace."""
+    detail = "\n".join(str(reply.get("trace", "")).strip().splitlines()[-6:])
+    name, message = reply.get("error", "an error"), reply.get("message", "")
+    return ScorerError(f"{where} raised {name}: {message}{note}\n{detail}")
 
 
 def serve(

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from kvbench.core.contract import EvictionView, Policy
 from kvbench.errors import ScorerError, SpecError
-from kvbench.isolation import messages, wire
+from kvbench.isolation import messages, serving, wire
 from kvbench.isolation.arena import Arena
 from kvbench.kvpress.catalog import PREFIX, SUPPORTED, policy_name, press_of, reason
 from kvbench.kvpress.environment import child_environment, installed_presses, require
@@ -64,8 +64,7 @@ class _Child:
                 f"{where}: the kvpress process broke off ({exc}); its last words: {tail}"
             ) from None
         if not reply.get("ok"):
-            detail = "\n".join(str(reply.get("trace", "")).strip().splitlines()[-6:])
-            raise ScorerError(f"{where} raised {reply.get('error')}: {reply.get('message')}\n{detail}")
+            raise serving.raised(where, reply)
         return reply, out
 
     def close(self) -> None:
