@@ -100,14 +100,21 @@ def bench_sandbox_command(args: argparse.Namespace) -> int:
     from kvbench.provenance import describe_machine
 
     rows = time_sandbox(args.repeats)
-    table = Table(title="one code test: a plain subprocess against the sandbox (bwrap + harness + grading)")
-    for column in ("arm", "runs", "median ms", "p90 ms", "× plain"):
-        table.add_column(column, justify="left" if column == "arm" else "right")
+    title = "one code test: a plain subprocess against the sandbox (bwrap + harness + grading)"
+    table = _table(title, ("arm", "runs", "median ms", "p90 ms", "× plain"))
     for row in rows:
         ratio = row.median_ms / rows[0].median_ms
         table.add_row(row.arm, str(row.runs), f"{row.median_ms:.1f}", f"{row.p90_ms:.1f}", f"{ratio:.2f}")
     _report(table, describe_machine())
     return 0
+
+
+def _table(title: str, columns: Sequence[str]) -> Table:
+    """A benchmark's table: what was measured (the first column) to the left, the numbers to the right."""
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    return table
 
 
 def _report(table: Table, machine: dict, rows: Sequence = (), json_path: str | None = None) -> None:
@@ -152,15 +159,14 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         telemetry_cost=args.telemetry_cost,
     )
     timed_on = "one torch thread" if args.device == "cpu" else "CUDA events"
-    table = Table(
-        title=f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
-        f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
-    )
     columns = ["policy", "batch", "ms / event", "× random", "copy floor ms", "× floor", "runs"]
     columns += ["isolated / in process"] if args.isolated else []
     columns += ["telemetry on / off"] if args.telemetry_cost else []
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    title = (
+        f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
+        f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
+    )
+    table = _table(title, columns)
     in_process = {(r.policy.removesuffix(" (in process)"), r.batch): r.ms_per_event for r in results}
     for r in results:
         apart = in_process.get((r.policy.removesuffix(" (isolated)"), r.batch))
@@ -223,14 +229,13 @@ def bench_decode_command(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         device=args.device,
     )
-    table = Table(
-        title=f"{args.model} on {args.device}: {args.tokens} generated tokens per row, batch {args.batch} "
+    title = (
+        f"{args.model} on {args.device}: {args.tokens} generated tokens per row, batch {args.batch} "
         f"for every policy (fixed-batch, not memory-bound), K={args.budget}, B={args.buffer}"
     )
     columns = ("policy", "K held", "tokens/s", "× full", "events", "ms / event", "barrier stall ms",
                "time evicting", "peak KV", "KV × full", "freed / seq")  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    table = _table(title, columns)
     for r in results:
         table.add_row(
             r.policy,
@@ -271,16 +276,15 @@ def bench_serve_command(args: argparse.Namespace) -> int:
         output_len=args.output_len,
         pool_blocks=args.pool_blocks,
     )
-    table = Table(
-        title=f"{args.model} on vLLM: {args.requests} requests × {args.output_len} tokens into "
+    title = (
+        f"{args.model} on vLLM: {args.requests} requests × {args.output_len} tokens into "
         f"{args.pool_blocks} blocks (iso-memory: the same pool for every arm), "
         f"K={args.budget}, B={args.buffer}"
     )
     columns = ("policy", "memory", "out tok/s", "× full", "req/s", "peak running", "× full",
                "peak blocks", "preempt", "TPOT ms", "× full", "events", "select ms/ev", "move ms/ev",
                "time evicting")  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    table = _table(title, columns)
     for r in results:
         table.add_row(
             r.policy,
@@ -316,9 +320,8 @@ def bench_leaderboard_command(args: argparse.Namespace) -> int:
     from kvbench.bench.leaderboard import CASES, synthetic_store, time_render
     from kvbench.provenance import describe_machine
 
-    table = Table(title="leaderboard: one app run (queries, statistics, layout) on synthetic stores, 4 tasks")
-    for column in ("store", "policies", "sample rows", "first render (s)", "rerun (s)"):
-        table.add_column(column, justify="left" if column == "store" else "right")
+    title = "leaderboard: one app run (queries, statistics, layout) on synthetic stores, 4 tasks"
+    table = _table(title, ("store", "policies", "sample rows", "first render (s)", "rerun (s)"))
     with tempfile.TemporaryDirectory(prefix="kvbench-board-") as scratch:
         for label, shape, public in CASES:
             database = Path(scratch) / f"{label.replace(' ', '-').replace(',', '')}.duckdb"
