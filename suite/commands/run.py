@@ -36,6 +36,32 @@ if TYPE_CHECKING:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
+    _register_run(commands)
+    validate = commands.add_parser("validate", help="check specs without running them")
+    validate.add_argument(
+        "path", nargs="?", type=Path, help="a YAML file or folder (default: every built-in spec)"
+    )
+    validate.set_defaults(func=validate_command)
+
+    grade = commands.add_parser("grade", help="grade a run's stored outputs again, without regenerating")
+    grade.add_argument("run", help="run id (or a unique prefix), as in runs/shards/")
+    grade.add_argument("--out", type=Path, default=Path("runs"))
+    grade.add_argument("--allow-code-execution", action="store_true")
+    grade.set_defaults(func=grade_command)
+
+    _register_compare(commands)
+    ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
+    ingest.add_argument("--out", type=Path, default=Path("runs"))
+    ingest.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the database again from every shard (after a schema change); the old one is replaced "
+        "only once the new one is complete",
+    )
+    ingest.set_defaults(func=ingest_command)
+
+
+def _register_run(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run", help="run a suite: policies against the Random Attention null and the full cache"
     )
@@ -115,18 +141,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=run_command)
 
-    validate = commands.add_parser("validate", help="check specs without running them")
-    validate.add_argument(
-        "path", nargs="?", type=Path, help="a YAML file or folder (default: every built-in spec)"
-    )
-    validate.set_defaults(func=validate_command)
 
-    grade = commands.add_parser("grade", help="grade a run's stored outputs again, without regenerating")
-    grade.add_argument("run", help="run id (or a unique prefix), as in runs/shards/")
-    grade.add_argument("--out", type=Path, default=Path("runs"))
-    grade.add_argument("--allow-code-execution", action="store_true")
-    grade.set_defaults(func=grade_command)
-
+def _register_compare(commands: argparse._SubParsersAction) -> None:
     cmp = commands.add_parser("compare", help="every stored policy against the null, with verdicts")
     cmp.add_argument(
         "--db",
@@ -165,16 +181,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     cmp.add_argument("--format", choices=["table", "json", "csv", "markdown"], default="table")
     add_wide_argument(cmp)
     cmp.set_defaults(func=compare_command)
-
-    ingest = commands.add_parser("ingest", help="merge result shards into the DuckDB file")
-    ingest.add_argument("--out", type=Path, default=Path("runs"))
-    ingest.add_argument(
-        "--rebuild",
-        action="store_true",
-        help="build the database again from every shard (after a schema change); the old one is replaced "
-        "only once the new one is complete",
-    )
-    ingest.set_defaults(func=ingest_command)
 
 
 def add_wide_argument(parser: argparse.ArgumentParser) -> None:
