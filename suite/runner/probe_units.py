@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kvbench.adapters.base import Backend, Watch
+from kvbench.adapters.base import Backend, TeacherForced, Watch
 from kvbench.core.engine import PinnedSlots
 from kvbench.errors import SpecError
 from kvbench.graders.registry import Graders
@@ -75,32 +75,16 @@ class ProbeTaskSource(TaskSource[ProbeProblem]):
         )
         seconds = (time.perf_counter() - started) / len(seeds)
         shared = unit_fields(cell, problem.problem_id, result, seconds, len(seeds))
+        # the predictions a cache could change: those made after the first event (at K + B slots)
+        scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
         rows = []
         for i, seed in enumerate(seeds):
-            measured: dict[str, Any] = {}
             if fidelity:
-                # the predictions a cache could change: those made after the first event (at K + B slots)
-                scored = slice(max(cell.budget + cell.protocol.buffer - len(prompt) + 1, 0), None)
-                kl_to_full, agrees = result.against_full()
-                agreement = agrees[i, scored].float()
-                kl = kl_to_full[i, scored]
-                metric, correct = float(agreement.mean()) if agreement.numel() else 1.0, None
-                measured["kl_to_full"] = float(kl.mean()) if kl.numel() else 0.0
-                secondary = {"scored_tokens": agreement.numel()}
+                metric, correct, measured, secondary = _fidelity_measures(result, i, scored)
             else:
-                answer = torch.tensor(where["answer"])
-                exact = bool(result.greedy_match[i, answer].all())
-                metric, correct = float(exact), exact
-                measured["answer_logprob"] = float(result.logprobs[i, answer].sum())
-                if result.survival is not None:
-                    held = result.survival[i]  # [L, Hkv]
-                    measured["needle_survival"] = float(held.mean())
-                    measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
-                    measured["needle_survival_by_head"] = held.flatten().tolist()
-                if result.high_precision_survival is not None:
-                    measured["needle_high_precision"] = float(result.high_precision_survival[i].mean())
-                measured["needle_events"] = result.watched_events
-                secondary = {"answer_tokens": len(answer), "depth": problem.depth}
+                metric, correct, measured, secondary = _needle_measures(
+                    result, i, where["answer"], problem.depth
+                )
             retention = result.retention[i] if result.retention is not None else None
             if retention is not None:
                 measured.update(retention.record_fields())
@@ -121,6 +105,37 @@ class ProbeTaskSource(TaskSource[ProbeProblem]):
                 )
             )
         return rows
+
+
+Measures = tuple[float, bool | None, dict[str, Any], dict[str, Any]]
+"""A probe row's metric, correctness, measured fields and secondary fields."""
+
+
+def _fidelity_measures(result: TeacherForced, row: int, scored: slice) -> Measures:
+    """A fidelity row: its agreement with the full cache's next-token choices and the KL to them, over the
+    ``scored`` predictions."""
+    kl_to_full, agrees = result.against_full()
+    agreement, kl = agrees[row, scored].float(), kl_to_full[row, scored]
+    metric = float(agreement.mean()) if agreement.numel() else 1.0
+    measured = {"kl_to_full": float(kl.mean()) if kl.numel() else 0.0}
+    return metric, None, measured, {"scored_tokens": agreement.numel()}
+
+
+def _needle_measures(result: TeacherForced, row: int, answer_at: list[int], depth: int) -> Measures:
+    """A needle row: whether it recalls the answer (continuation tokens ``answer_at``) exactly, its
+    log-probability, and how much of the needle its cache held when the question came."""
+    answer = torch.tensor(answer_at)
+    exact = bool(result.greedy_match[row, answer].all())
+    measured: dict[str, Any] = {"answer_logprob": float(result.logprobs[row, answer].sum())}
+    if result.survival is not None:
+        held = result.survival[row]  # [L, Hkv]
+        measured["needle_survival"] = float(held.mean())
+        measured["needle_whole_layers"] = float((held == 1.0).any(dim=-1).float().mean())
+        measured["needle_survival_by_head"] = held.flatten().tolist()
+    if result.high_precision_survival is not None:
+        measured["needle_high_precision"] = float(result.high_precision_survival[row].mean())
+    measured["needle_events"] = result.watched_events
+    return float(exact), exact, measured, {"answer_tokens": len(answer), "depth": depth}
 
 
 def make_probe_problems(source: Any, limit: int | None, encode: Any) -> list[ProbeProblem]:
