@@ -146,6 +146,27 @@ def _budgets(
     return budgets
 
 
+def _tasks(request: RunRequest, suite: SuiteSpec) -> list[TaskSpec]:
+    """The request's tasks (else the suite's), its flags applied and checked as the task fields they set."""
+    tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
+    if not request.tasks:  # the suite's groups are pooled after its run: refused now, not after it
+        metrics = {listed: task_metric(task) for listed, task in zip(suite.tasks, tasks, strict=True)}
+        for name, members in suite.groups.items():
+            refuse_mixed_pool(f"suite {suite.name!r}, group {name!r},", {t: metrics[t] for t in members})
+    _check_code_execution(tasks, request.allow_code_execution)
+    if request.max_new_tokens is not None:
+        flags = {"max_new_tokens": "--max-new-tokens"}
+        tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]
+    if request.samples is not None:  # validated as the task field; recorded as the cell's samples
+        for task in tasks:
+            with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
+    if request.data is not None:
+        if len(tasks) != 1 or not task_source(tasks[0]).local_data:
+            raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
+        task_source(tasks[0]).check_data(tasks[0], Path(request.data))
+    return tasks
+
+
 def plan(request: RunRequest) -> list[Cell]:
     """Every cell the request needs, baselines included, in a stable order.
 
@@ -170,22 +191,7 @@ def plan(request: RunRequest) -> list[Cell]:
     if request.dtype is not None:
         models = [with_overrides(m, {"dtype": request.dtype}, {"dtype": "--dtype"}) for m in models]
     _one_spec_per_name(models)
-    tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
-    if not request.tasks:  # the suite's groups are pooled after its run: refused now, not after it
-        metrics = {listed: task_metric(task) for listed, task in zip(suite.tasks, tasks, strict=True)}
-        for name, members in suite.groups.items():
-            refuse_mixed_pool(f"suite {suite.name!r}, group {name!r},", {t: metrics[t] for t in members})
-    _check_code_execution(tasks, request.allow_code_execution)
-    if request.max_new_tokens is not None:
-        flags = {"max_new_tokens": "--max-new-tokens"}
-        tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]
-    if request.samples is not None:  # validated as the task field; recorded as the cell's samples
-        for task in tasks:
-            with_overrides(task, {"samples": request.samples}, {"samples": "--samples"})
-    if request.data is not None:
-        if len(tasks) != 1 or not task_source(tasks[0]).local_data:
-            raise SpecError("--data replaces one dataset: give exactly one --task, a hub-dataset task")
-        task_source(tasks[0]).check_data(tasks[0], Path(request.data))
+    tasks = _tasks(request, suite)
     policies = [_policy(p, request) for p in (request.policies or suite.policies)]
     ratios: list[float | None] = [request.ratio] if request.ratio is not None else [None]
     if request.ratio is None and suite.ratios:
