@@ -104,23 +104,14 @@ def bench_decode(
     """``batch`` is one batch for every arm, or each policy's own (iso-memory); ``prompt_tokens`` cuts or
     repeats the prompt to that length; ``memory_bound`` says which arms' batches memory limits (the
     caller knows how it chose them); ``loaded`` reuses a model already loaded on ``device``."""
-    names = ["full", *[p for p in policies if p != "full"]]
     loaded = loaded or load_model(model, device=device, attention=attention)
     prompt = _prompt(loaded, prompt_tokens)
     schedule = Schedule(budget=budget, buffer=buffer)
     refuse_without_eviction(schedule, len(prompt), tokens, "--tokens")
-    built = [make_policy(name) for name in names]
-    arms: list[tuple[Policy, Schedule, str | None]] = [(policy, schedule, None) for policy in built]
-    for name in precisions:
-        protocol = load_protocol(name)
-        if protocol.precision is None:
-            raise ValueError(f"protocol {name!r} keeps the model's precision: name one with `precision`")
-        mixed = replace(schedule, precision=protocol.precision.core(), budget_unit=protocol.budget.unit)
-        arms += [(make_policy(policy), mixed, protocol.name) for policy in ("full", "random")]
-    calibration = calibrate(loaded) if any("calibration" in p.needs for p in built) else None
-    generate(
-        loaded, prompt, built[0], schedule, sample_seeds=[seed], max_new_tokens=32, ignore_stop=True
-    )  # warm-up
+    arms = _arms(policies, schedule, precisions)
+    calibration = calibrate(loaded) if any("calibration" in p.needs for p, _, _ in arms) else None
+    # warm-up, on the full cache
+    generate(loaded, prompt, arms[0][0], schedule, sample_seeds=[seed], max_new_tokens=32, ignore_stop=True)
     raw = []
     for policy, arm_schedule, precision in arms:
         rows = batch if isinstance(batch, int) else batch[policy.name]
@@ -172,6 +163,22 @@ def bench_decode(
             )
         )
     return timings
+
+
+def _arms(
+    policies: Sequence[str], schedule: Schedule, precisions: Sequence[str]
+) -> list[tuple[Policy, Schedule, str | None]]:
+    """The full cache first, then each policy, in the model's precision; then the full cache and the null
+    under each of ``precisions`` (protocols with a ``precision``), named by it."""
+    names = ["full", *[p for p in policies if p != "full"]]
+    arms: list[tuple[Policy, Schedule, str | None]] = [(make_policy(name), schedule, None) for name in names]
+    for name in precisions:
+        protocol = load_protocol(name)
+        if protocol.precision is None:
+            raise ValueError(f"protocol {name!r} keeps the model's precision: name one with `precision`")
+        mixed = replace(schedule, precision=protocol.precision.core(), budget_unit=protocol.budget.unit)
+        arms += [(make_policy(policy), mixed, protocol.name) for policy in ("full", "random")]
+    return arms
 
 
 def _prompt(loaded: LoadedModel, length: int | None) -> list[int]:
