@@ -369,3 +369,20 @@ def test_correct_livecodebench_solutions_pass_through_the_boundary() -> None:
         gold = problems[problem_id].gold
         verdict = grade_code(f"```python\n{code}\n```", gold["tests"], gold["function"])
         assert verdict.correct, (problem_id, verdict)
+
+
+def test_a_programs_cpu_seconds_and_open_files_are_capped() -> None:
+    """The code grader's rlimits (BoundaryLimits.caps and the CPU seconds Limits adds): a busy loop is
+    stopped at its CPU limit, long before its wall limit, and opening files fails past the open-file cap."""
+    started = time.monotonic()
+    spin = Sandbox().run(
+        {"spin.py": "while True:\n    pass\n"}, ["spin.py"], b"", Limits(cpu_seconds=1, wall_seconds=60)
+    )
+    assert spin.killed is None and spin.status not in (0, None) and time.monotonic() - started < 30
+    program = (
+        "import errno, os\nfds = []\ntry:\n    for _ in range(200):\n"
+        "        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "except OSError as exc:\n    print(errno.errorcode[exc.errno], len(fds) < 32)\n"
+    )
+    files = Sandbox().run({"files.py": program}, ["files.py"], b"", Limits(open_files=32))
+    assert files.stdout == b"EMFILE True\n", files.stderr
