@@ -34,6 +34,7 @@ from kvbench.results.stats import (
 from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
 from kvbench.specs.metric_kind import Margin, Metric, equivalence_margin, task_metric
+from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
@@ -45,7 +46,7 @@ NO_BASELINE = "no matching baseline"
 per problem: it is shown, never paired with another baseline."""
 
 
-Arm = tuple[str, str, str, str]
+Arm = tuple[str, str, Role, str]
 """(policy, parameters, role, source)."""
 
 
@@ -67,7 +68,7 @@ class StoredRun(NamedTuple):
     n_avg: float | None
     policy: str
     params: str
-    role: str
+    role: Role
     source: str
     """The sha256 of the submission that brought the run to a board; LOCAL_SOURCE for one's own runs."""
     spec: ResolvedSpec
@@ -85,8 +86,9 @@ class StoredRun(NamedTuple):
 
 
 _RUNS = f"""
-SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
-       policy, policy_params, role, coalesce(source, '{LOCAL_SOURCE}'), spec
+SELECT run_id, model, task, protocol, {RUNTIME} AS runtime, protocol_seed AS seed,
+       samples_per_problem AS samples, budget, ratio, n_avg, policy, policy_params AS params, role,
+       coalesce(source, '{LOCAL_SOURCE}') AS source, spec
 FROM runs LEFT JOIN {{sources}} USING (run_id)
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
@@ -103,8 +105,14 @@ def stored_runs(
     """Runs in the order they were created; every filter is a bound parameter."""
     ids = None if run_ids is None else list(run_ids)
     query = _RUNS.format(sources=run_sources(con))
-    rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
-    return [StoredRun._make([*row[:-1], ResolvedSpec.read(json.loads(row[-1]), row[12])]) for row in rows]
+    found = con.execute(query, [ids, ids, model, model, protocol, protocol])
+    names = [column[0] for column in found.description]
+    runs = []
+    for row in map(dict, (zip(names, values, strict=True) for values in found.fetchall())):
+        role = Role(row["role"])
+        spec = ResolvedSpec.read(json.loads(row["spec"]), role)
+        runs.append(StoredRun(**{**row, "role": role, "spec": spec}))
+    return runs
 
 
 def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
@@ -134,7 +142,7 @@ class ArmResult:
 
     policy: str
     params: str
-    role: str
+    role: Role
     source: str
     """The submission whose runs these are (LOCAL_SOURCE for one's own)."""
     runs: dict[str, StoredRun]
@@ -199,7 +207,7 @@ def compare_table(
     *,
     tasks: Sequence[str],
     also: Sequence[str] = (),
-    baseline: str = "random",
+    baseline: str = NULL_POLICY,
     quantity: str = "score",
 ) -> list[ArmResult]:
     """Every arm of one table, pooled over ``tasks`` (arms that miss one of them are left out).
