@@ -86,9 +86,8 @@ class StoredRun(NamedTuple):
 
 
 _RUNS = f"""
-SELECT run_id, model, task, protocol, {RUNTIME} AS runtime, protocol_seed AS seed,
-       samples_per_problem AS samples, budget, ratio, n_avg, policy, policy_params AS params, role,
-       coalesce(source, '{LOCAL_SOURCE}') AS source, spec
+SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
+       policy, policy_params, role, coalesce(source, '{LOCAL_SOURCE}'), spec
 FROM runs LEFT JOIN {{sources}} USING (run_id)
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
@@ -105,14 +104,11 @@ def stored_runs(
     """Runs in the order they were created; every filter is a bound parameter."""
     ids = None if run_ids is None else list(run_ids)
     query = _RUNS.format(sources=run_sources(con))
-    found = con.execute(query, [ids, ids, model, model, protocol, protocol])
-    names = [column[0] for column in found.description]
-    runs = []
-    for row in map(dict, (zip(names, values, strict=True) for values in found.fetchall())):
-        role = Role(row["role"])
-        spec = ResolvedSpec.read(json.loads(row["spec"]), role)
-        runs.append(StoredRun(**{**row, "role": role, "spec": spec}))
-    return runs
+    rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
+    return [
+        StoredRun(*fields, Role(role), source, ResolvedSpec.read(json.loads(spec), Role(role)))
+        for *fields, role, source, spec in rows
+    ]
 
 
 def common_tasks(runs: Sequence[StoredRun]) -> list[str]:

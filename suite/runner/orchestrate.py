@@ -92,22 +92,13 @@ def run_cells(
 
 
 def manifest(cell: Cell, provenance: Mapping[str, Any], arm: ArmPlan | None) -> RunManifest:
-    """A run's manifest: its spec, what it is, and where it ran (``provenance``, the executor's)."""
-    return RunManifest.model_validate(
-        {
-            **provenance,
-            "run_id": cell.run_id,
-            "spec": cell.spec,
-            "role": cell.role,
-            "label": cell.label,
-            "created": time.time(),
-            "policy_doc": policy_documentation(cell.policy),
-            "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
-            "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
-            # the micro-batch is provenance: the first run of a cell records the one it ran with
-            **({"memory_plan": arm.record()} if arm is not None else {}),
-        }
-    )
+    """A run's manifest: its spec, what it is, where it ran (``provenance``, the executor's) and the
+    micro-batch its first run had (provenance, never identity); a bundle ships its suite."""
+    notes = {"run_id": cell.run_id, "spec": cell.spec, "role": cell.role, "label": cell.label}
+    notes |= {"policy_doc": policy_documentation(cell.policy), "suite": cell.suite, "created": time.time()}
+    notes["thinking"] = cell.model.thinking  # how `kvbench grade` reads its outputs again
+    plan = {"memory_plan": arm.record()} if arm is not None else {}
+    return RunManifest.model_validate({**provenance, **notes, **plan})
 
 
 @dataclass

@@ -1,15 +1,12 @@
-"""A run's manifest (runs/shards/<run_id>/manifest.json), typed once: its resolved spec, its role and label,
-the policy's documentation, the suite it was planned from, and where it ran (:class:`Provenance`).
-
-Manifests written by earlier kvbench versions read back: a field they lack reads as None, and the spec is
-the record the run id hashes, unchanged. A manifest that does not read back is refused by
-:meth:`RunManifest.read` with its file and what is wrong (the callers set such a run aside).
+"""A run's manifest (runs/shards/<run_id>/manifest.json), typed once: its resolved spec, role and label,
+the policy's documentation, the suite it was planned from, and where it ran. One written by an earlier
+kvbench reads back, a field it lacks as None; one that does not read is refused naming its file and field.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,13 +23,11 @@ OUTPUT_HARDWARE = (
 """What of a machine decides a run's outputs bit for bit: the device, the CPU's model and vector features
 and torch's threads (torch picks kernels by them, and they round differently), and a GPU's model,
 capability, driver, CUDA and cuDNN; not the platform string, the core count or the GPU's memory."""
-
-
 R = TypeVar("R", bound="Provenance")
 
 
 class _Record(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
 
 class GitState(_Record):
@@ -41,8 +36,7 @@ class GitState(_Record):
 
 
 class Provenance(_Record):
-    """Where a result came from (kvbench.provenance.provenance): kvbench's version and commit, the library
-    versions, Python and the machine."""
+    """Where a result came from (kvbench.provenance): kvbench, the libraries, Python, the machine."""
 
     kvbench: str | None = None
     git: GitState | None = None
@@ -52,8 +46,8 @@ class Provenance(_Record):
 
     @classmethod
     def validated(cls: type[R], data: Any, source: Path) -> R:
-        """``data`` as this record, SpecError naming ``source`` and what is wrong otherwise. A stored spec's
-        task is not checked against the graders installed here (it was when its run was planned)."""
+        """``data`` as this record, else SpecError naming ``source`` and the fields that are wrong. A stored
+        spec's task is not checked against the graders installed here (it was when its run was planned)."""
         try:
             return cls.model_validate(data, context={"stored": True})
         except pydantic.ValidationError as exc:
@@ -61,47 +55,32 @@ class Provenance(_Record):
             raise SpecError(f"{source}: not a {cls.__name__} ({wrong})") from None
 
     def output_environment(self) -> dict[str, Any]:
-        """What decides the outputs bit for bit: the library versions, Python and OUTPUT_HARDWARE. Two runs
-        of one spec with the same environment give the same outputs; a field not recorded reads None,
-        which matches no recorded value."""
-        hardware = self.hardware or {}
-        return {
-            **(self.packages or {}),
-            "python": self.python,
-            **{name: hardware.get(name) for name in OUTPUT_HARDWARE},
-        }
+        """What decides the outputs bit for bit: the library versions, Python and OUTPUT_HARDWARE; a field
+        not recorded reads None, which matches no recorded value."""
+        machine = {k: (self.hardware or {}).get(k) for k in OUTPUT_HARDWARE}
+        return {**(self.packages or {}), "python": self.python, **machine}
 
     def environment_changes(self, after: Provenance) -> list[str]:
-        """``name old -> new`` for every field of the two output environments that differs (a field only
-        one of them recorded included)."""
-        before, now = self.output_environment(), after.output_environment()
-        return [
-            f"{name} {before.get(name)} -> {now.get(name)}"
-            for name in sorted({*before, *now})
-            if before.get(name) != now.get(name)
-        ]
+        """``name old -> new`` for every field of the output environments that differs."""
+        old, new = self.output_environment(), after.output_environment()
+        return [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
 
 
 class PolicyDoc(pydantic.BaseModel):
     """The policy's documentation as the code that produced the numbers had it (kvbench.registry)."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
 
     name: str | None = None
-    summary: str | None = None
-    module_doc: str | None = None
-    module: str | None = None
     class_name: str | None = pydantic.Field(default=None, alias="class")
     source_sha256: str | None = None
-    """A scorer's source hash (None for a kvpress press): what a bundle's shipped scorer must hash to."""
-    needs: list[str] | None = None
+    """A scorer's source hash: what a bundle's shipped scorer must hash to."""
     origin: str | None = None
     """``kvpress`` for a kvpress press, an installed package's code."""
 
 
 class SuiteRecord(_Record):
-    """The suite file a run was planned from: what a submission's bundle ships and `kvbench accept`
-    checks."""
+    """The suite file a run was planned from: what a bundle ships and `kvbench accept` checks."""
 
     name: str
     sha256: str
@@ -109,29 +88,28 @@ class SuiteRecord(_Record):
 
 
 class RunManifest(Provenance):
-    """One run's manifest. The role is stored beside the spec (it is not part of the run id)."""
+    """One run's manifest; its role is stored beside its spec, not in it (it is not in the run id)."""
 
     run_id: str
     spec: ResolvedSpec
-    """Stored as its record (ResolvedSpec.record), the fields as given: what the run id hashes."""
+    """Stored as its record, the fields as given: what the run id hashes."""
     role: Role = Role.POLICY
     label: str | None = None
     created: float | None = None
     policy_doc: PolicyDoc | None = None
     suite: SuiteRecord | None = None
     thinking: bool | None = None
-    """Whether the graders read only the answer after ``</think>`` (None: a run from before it was
-    recorded; its model spec says)."""
+    """Whether graders read only the answer after ``</think>`` (None: not recorded; its model spec says)."""
     memory_plan: dict[str, int] | None = None
-    """The micro-batch the run's first problems were decoded in (kvbench.runner.memory)."""
     executor: dict[str, Any] | None = None
     """Where a distributed executor ran the units (kvbench.runner.ray_executor)."""
 
     @pydantic.model_validator(mode="before")
     @classmethod
     def _role_into_spec(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("spec"), dict):
-            value = {**value, "spec": {**value["spec"], "role": value.get("role") or Role.POLICY}}
+        role = value.get("role") or Role.POLICY if isinstance(value, dict) else None
+        if role in Role._value2member_map_ and isinstance(value.get("spec"), dict):  # else `role` is named
+            value = {**value, "spec": {**value["spec"], "role": role}}
         return value
 
     @pydantic.field_serializer("spec")
@@ -140,7 +118,6 @@ class RunManifest(Provenance):
 
     @classmethod
     def read(cls, path: Path) -> RunManifest:
-        """The manifest at ``path``; SpecError naming the file and what is wrong where it does not read."""
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -148,12 +125,9 @@ class RunManifest(Provenance):
         return cls.validated(data, path)
 
     def write(self, path: Path) -> None:
-        """Written once, atomically: the fields given when it was made, a readable one never replaced."""
-        try:
+        """Written once, atomically, with the fields it was given; a readable manifest is kept."""
+        with contextlib.suppress(SpecError):  # none yet, or a damaged one
             RunManifest.read(path)
             return
-        except SpecError:
-            pass
-        data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        text = json.dumps({"created": time.time(), **data}, indent=2, default=str)
+        text = json.dumps(self.model_dump(mode="json", by_alias=True, exclude_unset=True), indent=2)
         atomic_write(path, lambda temp: temp.write_text(text))

@@ -45,7 +45,7 @@ from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.specs.suite import SuiteSpec, suite_names
 from kvbench.specs.task import load_task, task_names
-from kvbench.store.records import SCHEMA_VERSION, RunRecord
+from kvbench.store.records import SCHEMA_VERSION
 from kvbench.store.shards import problem_key
 from kvbench.submissions.bundle import (
     FORMAT,
@@ -182,16 +182,12 @@ def _first_line(exc: Exception) -> str:
 
 
 def _spec_problem(run: StoredRun, cell: BundleCell) -> str | None:
-    """What makes a run's spec or role one this kvbench cannot judge, or None. The spec must parse as a
-    resolved spec and be in the canonical form this kvbench writes (so no field the rules read can be
-    missing or mistyped), and the role must fit the policy: the null is the protocol's baseline, the full
-    cache its reference."""
+    """What makes a run's spec or role one this kvbench cannot judge, or None. The spec (typed when its
+    manifest was read) must be in the canonical form this kvbench writes (so no field the rules read can
+    be missing), and the role must fit the policy: the null is the protocol's baseline, the full cache its
+    reference."""
     spec = run.spec
     record = spec.record()
-    try:
-        RunRecord.from_manifest(run.manifest)
-    except (KeyError, TypeError, ValueError, pydantic.ValidationError) as exc:
-        return _first_line(exc)
     canonical = {
         "model": spec.model.model_dump(mode="json"),
         "task": spec.task.model_dump(mode="json"),
