@@ -106,7 +106,7 @@ def stored_runs(
     query = _RUNS.format(sources=run_sources(con))
     rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
     return [
-        StoredRun(*fields, Role(role), source, ResolvedSpec.read(json.loads(spec), Role(role)))
+        StoredRun._make([*fields, Role(role), source, ResolvedSpec.read(json.loads(spec), Role(role))])
         for *fields, role, source, spec in rows
     ]
 
