@@ -36,7 +36,7 @@ def test_an_old_manifest_reads_with_its_run_id_and_role(path: Path, tmp_path: Pa
     assert manifest.label == stored["label"] and manifest.git is not None
     assert manifest.git.sha == stored["git"]["sha"]
     # fields this old manifest never had read as None
-    assert (manifest.policy_doc, manifest.suite, manifest.thinking, manifest.executor) == (None, None, None, None)
+    assert [manifest.policy_doc, manifest.suite, manifest.thinking, manifest.executor] == [None] * 4
     # written again, it holds what it held: the same fields and values, the same spec
     manifest.write(tmp_path / "manifest.json")
     assert json.loads((tmp_path / "manifest.json").read_text()) == stored
