@@ -15,6 +15,7 @@ from kvbench.results.comparison import RUNTIME
 from kvbench.results.stats import bootstrap_mean, pool
 from kvbench.results.summary import QUANTITIES, most_complete, summarize
 from kvbench.specs.metric_kind import pools, task_metric
+from kvbench.specs.resolved import Role
 from kvbench.specs.task import TaskSpec
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
@@ -22,7 +23,7 @@ _CURVE_RUNS = f"""
 SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '{LOCAL_SOURCE}') FROM runs
 LEFT JOIN {{sources}} USING (run_id)
 WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
-  AND (ratio IS NOT NULL OR role = 'reference')
+  AND (ratio IS NOT NULL OR role = ?)
   AND list_contains(?, task)
 ORDER BY created, run_id
 """
@@ -33,12 +34,12 @@ class _CurveRun(NamedTuple):
     task: str
     policy: str
     params: str
-    role: str
+    role: Role
     ratio: float | None
     source: str
 
     @property
-    def arm_at_ratio(self) -> tuple[str, str, str, str, float | None, str]:
+    def arm_at_ratio(self) -> tuple[str, str, str, Role, float | None, str]:
         return self.task, self.policy, self.params, self.role, self.ratio, self.source
 
 
@@ -63,14 +64,14 @@ def budget_curves(
     with connect(database) as con:
         runtime, seed = context_or_first(con, model, protocol, runtime, seed)
         query = _CURVE_RUNS.format(sources=run_sources(con))
-        found = con.execute(query, [model, protocol, runtime, seed, list(tasks)]).fetchall()
-        runs = [_CurveRun(*row) for row in found]
+        found = con.execute(query, [model, protocol, runtime, seed, Role.REFERENCE, list(tasks)]).fetchall()
+        runs = [run._replace(role=Role(run.role)) for run in map(_CurveRun._make, found)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
     runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
     swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}
     sources = {r.source for r in runs}
-    groups: dict[tuple[str, str, str, float | None, str], dict[str, dict[str, float]]] = {}
+    groups: dict[tuple[str, str, Role, float | None, str], dict[str, dict[str, float]]] = {}
     for run in runs:
         if run.task in swept:  # the full cache's line pools the same tasks as the curves
             settings.setdefault(run.policy, set()).add(run.params)

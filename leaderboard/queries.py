@@ -35,6 +35,7 @@ from kvbench.results.comparison import (
 from kvbench.results.stats import Estimate, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import Metric, pools
+from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import Role
 from kvbench.store.board_tables import LOCAL_SOURCE
 from kvbench.store.ingest import reading
@@ -124,8 +125,8 @@ def choices(
             for ratio, budget in con.execute(
                 "SELECT DISTINCT ratio, CASE WHEN ratio IS NULL THEN budget END FROM runs "
                 f"WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ? "
-                "AND role <> 'reference' ORDER BY ratio NULLS LAST, 2",
-                [model, protocol, runtime, seed],
+                "AND role <> ? ORDER BY ratio NULLS LAST, 2",
+                [model, protocol, runtime, seed, Role.REFERENCE],
             ).fetchall()
         ]
     return Choices(models, protocols, compressions, runtimes, seeds)
@@ -155,7 +156,7 @@ class ArmKey(NamedTuple):
 
     policy: str
     params: str
-    role: str
+    role: Role
     source: str = LOCAL_SOURCE
 
 
@@ -237,7 +238,7 @@ def leaderboard(
         summaries = summarize(con, [r.run_id for r in runs], quantity)
         tasks = sorted({r.task for r in runs})
         common = common_tasks(runs)
-        null = next((r.policy for r in runs if r.role == Role.NULL), "random")
+        null = next((r.policy for r in runs if r.role == Role.NULL), NULL_POLICY)
         arms = compare_table(runs, summaries, tasks=common, also=tasks, baseline=null, quantity=quantity)
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
@@ -415,18 +416,18 @@ def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary])
     return record
 
 
-ROLES: dict[str, str] = {Role.NULL: "null", Role.REFERENCE: "reference", Role.POLICY: "no matching null"}
+ROLES: dict[Role, str] = {Role.NULL: "null", Role.REFERENCE: "reference", Role.POLICY: "no matching null"}
 """The verdict cell of an arm that is not tested against the null, by its role."""
 
 
-def _tested(arm: ArmResult | None, prefix: str, role: str | None = None) -> dict:
+def _tested(arm: ArmResult | None, prefix: str, role: Role | None = None) -> dict:
     """One comparison's columns, each name after ``prefix`` (a task's or a pool's, or none): the verdict
     against the null and what it rests on. ``arm`` None: the arm is not in that comparison, and its
     verdict cell names its ``role`` (None: the arm did not run it)."""
     test = arm.test if arm is not None else None
     role = arm.role if arm is not None else role
     values = {
-        "verdict": _badge(test.verdict) if test else ROLES.get(role or "", MISSING),
+        "verdict": _badge(test.verdict) if test else ROLES[role] if role else MISSING,
         "Δ vs null": test.difference.value if test else (0.0 if role == Role.NULL else math.nan),
         "p (Holm)": test.p_adjusted if test else math.nan,
         "W/T/L": f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING,

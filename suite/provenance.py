@@ -80,37 +80,6 @@ def _vector_features() -> str | None:
     return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))) if flags else None
 
 
-OUTPUT_HARDWARE = (
-    "device", "cpu", "cpu_vector_features", "torch_threads", "torch_cuda",
-    "gpu", "gpu_capability", "gpu_driver", "cudnn",
-)  # fmt: skip
-"""What of a machine decides a run's outputs bit for bit: the device, the CPU's model and vector features
-and torch's threads (torch picks kernels by them, and they round differently), and a GPU's model,
-capability, driver, CUDA and cuDNN; not the platform string, the core count or the GPU's memory."""
-
-
-def output_environment(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What decides a run's outputs bit for bit, as its manifest (or `provenance()`) recorded it: the
-    library versions, Python and OUTPUT_HARDWARE. Two runs of one spec with the same environment give
-    the same outputs; a field a manifest did not record reads None, which matches no recorded value."""
-    hardware = manifest.get("hardware") or {}
-    return {
-        **(manifest.get("packages") or {}),
-        "python": manifest.get("python"),
-        **{name: hardware.get(name) for name in OUTPUT_HARDWARE},
-    }
-
-
-def environment_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """``name old -> new`` for every field of two output environments that differs (a field only one of
-    them recorded included)."""
-    return [
-        f"{name} {before.get(name)} -> {after.get(name)}"
-        for name in sorted({*before, *after})
-        if before.get(name) != after.get(name)
-    ]
-
-
 def git_state(where: Path) -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:

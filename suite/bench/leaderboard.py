@@ -16,9 +16,11 @@ import duckdb
 import pyarrow as pa
 
 from kvbench.specs.model import load_model_spec
-from kvbench.specs.protocol import load_protocol
+from kvbench.specs.protocol import FULL_CACHE_POLICY, NULL_POLICY, load_protocol
+from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.specs.task import load_task
 from kvbench.store.ingest import SCHEMA
+from kvbench.store.manifest import RunManifest
 from kvbench.store.records import SCHEMA_VERSION, RunRecord, arrow_schema
 
 # a policy's chance of a correct sample rises with its index, so verdicts vary
@@ -42,9 +44,9 @@ def synthetic_store(
     try:
         con.execute(SCHEMA)
         con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        arms = [(f"policy-{i:02d}", "policy") for i in range(policies)] + [
-            ("random", "null"),
-            ("full", "reference"),
+        arms = [(f"policy-{i:02d}", Role.POLICY) for i in range(policies)] + [
+            (NULL_POLICY, Role.NULL),
+            (FULL_CACHE_POLICY, Role.REFERENCE),
         ]
         runs = []
         for t in range(tasks):
@@ -61,9 +63,9 @@ def synthetic_store(
         con.close()
 
 
-def _run(run_id: str, role: str, task: str, policy: str, samples: int) -> dict:
+def _run(run_id: str, role: Role, task: str, policy: str, samples: int) -> dict:
     """One run's row, its columns read from its resolved spec as ingest reads a run's manifest."""
-    reference = role == "reference"
+    reference = role == Role.REFERENCE
     spec = synthetic_spec(
         model="synthetic",
         task=task,
@@ -75,8 +77,11 @@ def _run(run_id: str, role: str, task: str, policy: str, samples: int) -> dict:
         ratio=None if reference else 4.0,
     )
     label = f"synthetic/{task}/{policy}"
-    manifest = {"run_id": run_id, "role": role, "label": label, "kvbench": "synthetic", "spec": spec}
-    return RunRecord.from_manifest({**manifest, "created": time.time()}).row()
+    resolved = ResolvedSpec.read(spec, role)
+    manifest = RunManifest(
+        run_id=run_id, spec=resolved, role=role, label=label, kvbench="synthetic", created=time.time()
+    )
+    return RunRecord.from_manifest(manifest).row()
 
 
 def synthetic_spec(

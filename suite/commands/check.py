@@ -49,8 +49,8 @@ def check_command(args: argparse.Namespace) -> int:
     from kvbench.errors import PrerequisiteError
     from kvbench.provenance import provenance
     from kvbench.results.check import (
+        ReferenceManifest,
         compare_with_reference,
-        environment_changes,
         read_reference,
         reference_path,
         write_reference,
@@ -72,11 +72,11 @@ def check_command(args: argparse.Namespace) -> int:
     suite_sha256 = hashlib.sha256(content.encode()).hexdigest()
     if not args.update_reference:
         manifest, reference = read_reference(path)
-        if manifest.get("suite_sha256") != suite_sha256:
+        if manifest.suite_sha256 != suite_sha256:
             console.print(
                 Text.assemble(
                     (f"suite {suite.name!r} changed since its reference was written", "red"),
-                    f" ({manifest.get('suite_sha256', '?')[:12]} -> {suite_sha256[:12]}): the reference no "
+                    f" ({(manifest.suite_sha256 or '?')[:12]} -> {suite_sha256[:12]}): the reference no "
                     f"longer describes it; review, then run `kvbench check --suite {args.suite} "
                     "--update-reference`",
                 )
@@ -94,18 +94,14 @@ def check_command(args: argparse.Namespace) -> int:
         f"suite {suite.name}: {len(cells)} cells, {timings.computed} problems computed, "
         f"{timings.reused} read from {out}"
     )
-    current = provenance()
+    current = ReferenceManifest.model_validate(provenance())
     if args.update_reference:
-        manifest = {
-            "suite": suite.name,
-            "suite_sha256": suite_sha256,
-            "command": f"kvbench check --suite {args.suite} --update-reference",
-            **current,
-        }
-        write_reference(path, results, manifest)
+        command = f"kvbench check --suite {args.suite} --update-reference"
+        about = {"suite": suite.name, "suite_sha256": suite_sha256, "command": command}
+        write_reference(path, results, current.model_copy(update=about))
         console.print(f"wrote the reference for {len(results)} cells to {path}")
         return 0
-    findings = compare_with_reference(results, reference, environment_changes(manifest, current))
+    findings = compare_with_reference(results, reference, manifest.environment_changes(current))
     shown = [f for f in findings if args.all or f.status != "same"]
     if shown:
         table = Table(title=f"kvbench check: suite {suite.name} against {path}")
@@ -127,7 +123,7 @@ def check_command(args: argparse.Namespace) -> int:
     console.print(
         f"{same} of {len(findings)} cells unchanged; {len(failed)} failing"
         + (f" ({', '.join(sorted({f.status for f in failed}))})" if failed else "")
-        + f"; reference written {manifest.get('written')} at commit {(manifest.get('git') or {}).get('sha')}"
+        + f"; reference written {manifest.written} at commit {manifest.git.sha if manifest.git else None}"
     )
     return 1 if failed else 0
 

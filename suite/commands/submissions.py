@@ -142,7 +142,7 @@ def _checked(bundle: Path) -> Iterator[_Opened]:
         shutil.copyfile(bundle, copy)
         folder.mkdir()
         failures = open_bundle(copy, folder)
-        checked = Checked({}, failures=failures) if failures else check_bundle(folder)
+        checked = Checked(None, failures=failures) if failures else check_bundle(folder)
         yield _Opened(copy, sha256_file(copy), folder, checked)
 
 

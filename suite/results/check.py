@@ -37,8 +37,8 @@ from typing import Any, Literal
 import duckdb
 
 from kvbench.errors import SpecError
-from kvbench.provenance import environment_differences, output_environment
 from kvbench.store.atomic import atomic_write
+from kvbench.store.manifest import Provenance
 
 FORMAT_VERSION = 2
 
@@ -181,31 +181,36 @@ def compare_with_reference(
     return findings
 
 
-def environment_changes(reference_manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """What decides outputs bit for bit (kvbench.provenance.output_environment) and differs from the
-    reference's: library versions, Python, the CPU, its vector features, torch threads, a GPU's stack."""
-    return environment_differences(output_environment(reference_manifest), output_environment(current))
-
-
 def reference_path(root: Path, suite: str) -> Path:
     return root / f"{suite}.json"
 
 
-def write_reference(path: Path, results: list[CellResult], manifest: dict[str, Any]) -> None:
+class ReferenceManifest(Provenance):
+    """What a reference was written from: the suite and its spec's hash, the command, where and when."""
+
+    suite: str | None = None
+    suite_sha256: str | None = None
+    command: str | None = None
+    written: str | None = None
+
+
+def write_reference(path: Path, results: list[CellResult], manifest: ReferenceManifest) -> None:
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     document = {
         "format_version": FORMAT_VERSION,
-        "manifest": {**manifest, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "manifest": {**manifest.model_dump(mode="json", exclude_unset=True), "written": written},
         "cells": [asdict(r) for r in results],
     }
     text = json.dumps(document, indent=1, sort_keys=False) + "\n"
     atomic_write(path, lambda temp: temp.write_text(text))
 
 
-def read_reference(path: Path) -> tuple[dict[str, Any], list[CellResult]]:
+def read_reference(path: Path) -> tuple[ReferenceManifest, list[CellResult]]:
     document = json.loads(path.read_text())
     if document.get("format_version") != FORMAT_VERSION:
         raise SpecError(
             f"{path}: reference format {document.get('format_version')!r}, this kvbench reads "
             f"{FORMAT_VERSION}: rewrite it with --update-reference"
         )
-    return document["manifest"], [CellResult(**c) for c in document["cells"]]
+    manifest = ReferenceManifest.validated(document["manifest"], path)
+    return manifest, [CellResult(**c) for c in document["cells"]]

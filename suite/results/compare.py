@@ -29,6 +29,7 @@ from kvbench.results.comparison import (
 from kvbench.results.stats import MAX_PROBLEMS, POWER, Estimate, PowerPlan
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import refuse_mixed_pool
+from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import Role
 from kvbench.store.ingest import reading
 
@@ -39,7 +40,7 @@ class Filters:
     task: str | None = None
     protocol: str | None = None
     budget: int | None = None
-    against: str = "random"
+    against: str = NULL_POLICY
     pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Declared task groups, (name, tasks): each also compared pooled, when every task has the arms."""
     seed: int | None = None

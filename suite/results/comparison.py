@@ -34,6 +34,7 @@ from kvbench.results.stats import (
 from kvbench.results.stats import verdicts as holm_verdicts
 from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
 from kvbench.specs.metric_kind import Margin, Metric, equivalence_margin, task_metric
+from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
 
@@ -45,7 +46,7 @@ NO_BASELINE = "no matching baseline"
 per problem: it is shown, never paired with another baseline."""
 
 
-Arm = tuple[str, str, str, str]
+Arm = tuple[str, str, Role, str]
 """(policy, parameters, role, source)."""
 
 
@@ -67,7 +68,7 @@ class StoredRun(NamedTuple):
     n_avg: float | None
     policy: str
     params: str
-    role: str
+    role: Role
     source: str
     """The sha256 of the submission that brought the run to a board; LOCAL_SOURCE for one's own runs."""
     spec: ResolvedSpec
@@ -104,7 +105,10 @@ def stored_runs(
     ids = None if run_ids is None else list(run_ids)
     query = _RUNS.format(sources=run_sources(con))
     rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
-    return [StoredRun._make([*row[:-1], ResolvedSpec.read(json.loads(row[-1]), row[12])]) for row in rows]
+    return [
+        StoredRun._make([*fields, Role(role), source, ResolvedSpec.read(json.loads(spec), Role(role))])
+        for *fields, role, source, spec in rows
+    ]
 
 
 def common_tasks(runs: Sequence[StoredRun]) -> list[str]:
@@ -134,7 +138,7 @@ class ArmResult:
 
     policy: str
     params: str
-    role: str
+    role: Role
     source: str
     """The submission whose runs these are (LOCAL_SOURCE for one's own)."""
     runs: dict[str, StoredRun]
@@ -199,7 +203,7 @@ def compare_table(
     *,
     tasks: Sequence[str],
     also: Sequence[str] = (),
-    baseline: str = "random",
+    baseline: str = NULL_POLICY,
     quantity: str = "score",
 ) -> list[ArmResult]:
     """Every arm of one table, pooled over ``tasks`` (arms that miss one of them are left out).

@@ -5,10 +5,12 @@ settled on its full arm's measured N_avg, checked and run; stored units are skip
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -23,14 +25,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, SpecError
 from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.cell import Cell
 from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
-from kvbench.runner.memory import MemoryLimits, MemoryPlan, plan_memory
-from kvbench.store.shards import ShardStore, read_manifest, read_records
+from kvbench.runner.memory import ArmPlan, MemoryLimits, MemoryPlan, plan_memory
+from kvbench.specs.resolved import ResolvedSpec
+from kvbench.store.manifest import RunManifest
+from kvbench.store.shards import ShardStore, read_records
 
 
 @dataclass
@@ -87,15 +91,14 @@ def run_cells(
     return Completed(cells=[ran[c.run_id] for c in cells], timings=run.timings)
 
 
-def manifest_notes(cell: Cell) -> dict:
-    """What a run's manifest records beside its spec and provenance."""
-    return {
-        "role": cell.role,
-        "label": cell.label,
-        "policy_doc": policy_documentation(cell.policy),
-        "thinking": cell.model.thinking,  # how `kvbench grade` reads its outputs again
-        "suite": cell.suite,  # what a submission's bundle ships and `kvbench accept` checks
-    }
+def manifest(cell: Cell, provenance: Mapping[str, Any], arm: ArmPlan | None) -> RunManifest:
+    """A run's manifest: its spec, what it is, where it ran (``provenance``, the executor's) and the
+    micro-batch its first run had (provenance, never identity); a bundle ships its suite."""
+    notes = {"run_id": cell.run_id, "spec": cell.spec, "role": cell.role, "label": cell.label}
+    notes |= {"policy_doc": policy_documentation(cell.policy), "suite": cell.suite, "created": time.time()}
+    notes["thinking"] = cell.model.thinking  # how `kvbench grade` reads its outputs again
+    plan = {"memory_plan": arm.record()} if arm is not None else {}
+    return RunManifest.model_validate({**provenance, **notes, **plan})
 
 
 @dataclass
@@ -165,11 +168,8 @@ class _Run:
         for cell in cells:
             store = ShardStore(self.out, cell.run_id)
             arm = plan.arm(cell.run_id) if plan is not None else None
-            # the micro-batch is provenance: the first run of a cell records the one it ran with
-            batching = {"memory_plan": arm.record()} if arm is not None else {}
-            notes = {**prepared.provenance, **manifest_notes(cell), **batching}
-            store.write_manifest(cell.spec.record(), notes)
-            smaller = other_limits(self.out, cell)
+            manifest(cell, prepared.provenance, arm).write(store.manifest)
+            smaller = other_limits(self.out, cell.spec)
             for problem_id in self._chosen(cell, prepared):
                 if store.has(problem_id) or copied(problem_id, smaller, store):
                     timings.reused += 1
@@ -212,19 +212,17 @@ class _Run:
         return failures
 
 
-def other_limits(out: Path, cell: Cell) -> list[ShardStore]:
+def other_limits(out: Path, spec: ResolvedSpec) -> list[ShardStore]:
     """The stored runs of the same cell at another ``--limit``: their identity differs only in the limit,
     and a problem's samples depend on the problem, never on how many others ran (its seeds come from the
-    protocol seed, task, problem and sample), so a problem they hold is this cell's too."""
-    mine = cell.spec.without("limit")
+    protocol seed, task, problem and sample), so a problem they hold is this cell's too. A manifest that
+    does not read back is passed over."""
     found = []
-    for manifest_path in sorted((out / "shards").glob("*/manifest.json")):
-        manifest = read_manifest(manifest_path)
-        if manifest is None or manifest.get("run_id") == cell.run_id:
-            continue
-        spec = manifest["spec"]
-        if {k: v for k, v in spec.items() if k != "limit"} == mine:
-            found.append(ShardStore(out, manifest["run_id"]))
+    for path in sorted((out / "shards").glob("*/manifest.json")):
+        with contextlib.suppress(SpecError):
+            stored = RunManifest.read(path)
+            if stored.run_id != spec.identity and stored.spec.without("limit") == spec.without("limit"):
+                found.append(ShardStore(out, stored.run_id))
     return found
 
 

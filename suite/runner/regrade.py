@@ -7,7 +7,6 @@ rerun them instead.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,8 @@ from kvbench.errors import SpecError
 from kvbench.graders.registry import make_grader, sandboxed
 from kvbench.runner.generation_units import graded_fields
 from kvbench.runner.sources import task_source
-from kvbench.specs.resolved import ResolvedSpec
+from kvbench.specs.model import load_model_spec, model_names
+from kvbench.store.manifest import RunManifest
 from kvbench.store.shards import ShardStore, read_records
 
 
@@ -38,10 +38,10 @@ def find_run(root: Path, run: str) -> Path:
 
 def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> RegradeReport:
     folder = find_run(root, run)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    spec = ResolvedSpec.read(manifest["spec"], manifest.get("role"))
+    manifest = RunManifest.read(folder / "manifest.json")
+    spec = manifest.spec
     task = spec.task
-    if task.grader == "probe":
+    if task_source(task).teacher_forced:
         raise SpecError(f"run {folder.name} is a probe ({task.name}): its scores are not graded outputs")
     if task.visibility == "private":
         raise SpecError(f"task {task.name!r} is private: its outputs were never stored; rerun it instead")
@@ -54,9 +54,10 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
     grader = make_grader(task.grader)
     data = Path(spec.data.path) if spec.data is not None else None
     problems = {p.problem_id: p for p in task_source(task).problems(task, None, None, data, None)}
-    thinking = manifest.get("thinking")
-    if thinking is None:  # a run from before model specs said whether they think: the families that did
-        thinking = spec.model.family in ("qwen3", "phi4-reasoning")
+    thinking = manifest.thinking
+    if thinking is None:  # a run from before its manifest recorded it: its model's spec says
+        shipped = spec.model.name in model_names()
+        thinking = load_model_spec(spec.model.name).thinking if shipped else spec.model.thinking
     store = ShardStore(root, folder.name)
     samples = changed = 0
     try:

@@ -73,9 +73,13 @@ class PrecisionSpec(StrictSpec):
 DEFAULT_MARGIN = 0.02
 """The equivalence margin of a protocol that declares none: 2 points of pass@1 (or of a probe's metric)."""
 
+NULL_POLICY = "random"
+"""The null every comparison, table and verdict is against: Random Attention."""
+FULL_CACHE_POLICY = "full"
+"""The full cache, which never evicts: every Δ is measured from it."""
 _ROLES = {
-    "baseline": ("random", "the null: every comparison, table and verdict is against Random Attention"),
-    "reference": ("full", "the full cache: every Δ is measured from the cache that never evicts"),
+    "baseline": (NULL_POLICY, "the null: every comparison, table and verdict is against Random Attention"),
+    "reference": (FULL_CACHE_POLICY, "the full cache: every Δ is measured from the cache that never evicts"),
 }
 
 
@@ -92,9 +96,9 @@ class ProtocolSpec(StrictSpec):
     sampling: dict[Family, SamplingSpec]
     """Sampling per model family; every family a run uses must be listed."""
     seed: int = pydantic.Field(default=0, ge=0, lt=1 << 63)
-    baseline: str = "random"
+    baseline: str = NULL_POLICY
     """The null baseline every policy is compared with (Random Attention)."""
-    reference: str = "full"
+    reference: str = FULL_CACHE_POLICY
     """The no-eviction reference."""
     margin: float = pydantic.Field(default=DEFAULT_MARGIN, gt=0.0, lt=1.0)
     """The equivalence margin, in the task's metric: a policy whose paired difference to the null lies

@@ -119,7 +119,7 @@ class ResolvedSpec(pydantic.BaseModel):
         return value
 
     @classmethod
-    def read(cls, record: dict[str, Any], role: str | None = None) -> ResolvedSpec:
+    def read(cls, record: dict[str, Any], role: Role | None = None) -> ResolvedSpec:
         """A stored record (a manifest's ``spec``) as a typed spec; ``role`` from the manifest. Its task was
         checked when its run was planned, and is not against the graders installed where it is read."""
         return cls.model_validate({**record, "role": role or Role.POLICY}, context={"stored": True})

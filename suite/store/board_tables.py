@@ -6,8 +6,8 @@ a stored run came from, and which runs of one identity disagree on one machine.
 submissions (two groups, two machines) coexist, each with its own samples, and a comparison pairs a run
 only with runs of its own submission. ``submission_runs`` maps each board run to its submission, its
 identity (the resolved spec's hash), the digest of its outputs and the output environment it recorded
-(kvbench.provenance.output_environment). A database of one's own runs has none of these tables: its runs
-are local.
+(kvbench.store.manifest.Provenance.output_environment). A database of one's own runs has none of these
+tables: its runs are local.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ from typing import NoReturn
 import duckdb
 import pyarrow as pa
 
-from kvbench.errors import PrerequisiteError, StorageError
+from kvbench.errors import PrerequisiteError, SpecError, StorageError
 from kvbench.store.atomic import atomic_write, write_failure
+from kvbench.store.manifest import RunManifest
 from kvbench.store.records import (
     SAMPLE_KEY,
     SCHEMA_VERSION,
@@ -33,7 +34,7 @@ from kvbench.store.records import (
     run_table,
     table_ddl,
 )
-from kvbench.store.shards import read_manifest, read_shard
+from kvbench.store.shards import read_shard
 
 DATABASE = "kvbench.duckdb"
 
@@ -302,8 +303,12 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
         seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
         new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
         # each manifest and new shard is read once, and every one that does not read back is named
-        read = {path: read_manifest(path) for path in manifests}
-        bad = [f"{path}: not a JSON manifest with a resolved spec" for path, m in read.items() if m is None]
+        read, bad = [], []
+        for manifest in manifests:
+            try:
+                read.append(RunManifest.read(manifest))
+            except SpecError as exc:  # names the file and what is wrong
+                bad.append(str(exc))
         tables = []
         for path in new:
             shard = read_shard(path)
@@ -318,7 +323,7 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
                 + "\nDelete (or move away) each damaged shard and run the same `kvbench run` again: it "
                 "computes exactly the missing problems. A damaged manifest.json is rewritten by that run."
             )
-        insert_rows(con, "runs", run_table(m for m in read.values() if m is not None), "INSERT OR IGNORE")
+        insert_rows(con, "runs", run_table(read), "INSERT OR IGNORE")
         if new:
             # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
             # an older schema is upgraded as it is read

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-from kvbench.specs.resolved import ResolvedSpec
+from kvbench.specs.resolved import Role
+from kvbench.store.manifest import RunManifest
 
 SCHEMA_VERSION = 9
 """Bumped with every change of the records; a store of another version is rebuilt from its shards."""
@@ -40,6 +41,7 @@ _BY_TYPE = {
     int: Column(pa.int64(), "BIGINT"),
     float: Column(pa.float64(), "DOUBLE"),
     bool: Column(pa.bool_(), "BOOLEAN"),
+    Role: Column(pa.string(), "VARCHAR"),
 }
 
 
@@ -135,8 +137,7 @@ class RunRecord(_Record):
     """One run (a cell): its resolved spec flattened into the columns tables filter on, and provenance."""
 
     run_id: str
-    role: str | None
-    """``policy``, ``null`` or ``reference``."""
+    role: Role
     label: str | None
     adapter: str
     device: str
@@ -175,14 +176,14 @@ class RunRecord(_Record):
     """The whole resolved spec the run id hashes."""
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any]) -> RunRecord:
-        spec = ResolvedSpec.read(manifest["spec"], manifest.get("role"))
-        git = manifest.get("git") or {}
+    def from_manifest(cls, manifest: RunManifest) -> RunRecord:
+        spec, git = manifest.spec, manifest.git
         runtime, measurement = spec.ran_on, spec.n_avg_measurement
+        doc = manifest.policy_doc
         return cls(
-            run_id=manifest["run_id"],
-            role=manifest.get("role"),
-            label=manifest.get("label"),
+            run_id=manifest.run_id,
+            role=manifest.role,
+            label=manifest.label,
             adapter=runtime.adapter,
             device=runtime.device,
             dtype=runtime.dtype or spec.model.dtype,
@@ -192,7 +193,7 @@ class RunRecord(_Record):
             task_version=spec.task.version,
             policy=spec.policy.name,
             policy_params=spec.policy.params,
-            policy_doc=manifest.get("policy_doc"),
+            policy_doc=doc.model_dump(by_alias=True, exclude_unset=True) if doc is not None else None,
             protocol=spec.protocol.name,
             protection=spec.protocol.protection,
             budget=spec.budget,
@@ -204,17 +205,17 @@ class RunRecord(_Record):
             samples_per_problem=spec.samples,
             protocol_seed=spec.protocol.seed,
             visibility=spec.task.visibility,
-            kvbench_version=manifest.get("kvbench"),
-            git_sha=git.get("sha"),
-            git_dirty=git.get("dirty"),
-            packages=manifest.get("packages"),
-            hardware=manifest.get("hardware"),
-            created=manifest.get("created"),
-            spec=manifest["spec"],
+            kvbench_version=manifest.kvbench,
+            git_sha=git.sha if git else None,
+            git_dirty=git.dirty if git else None,
+            packages=manifest.packages,
+            hardware=manifest.hardware,
+            created=manifest.created,
+            spec=spec.record(),
         )
 
 
-def run_table(manifests: Iterable[dict[str, Any]]) -> pa.Table:
+def run_table(manifests: Iterable[RunManifest]) -> pa.Table:
     """Runs' manifests as rows of the ``runs`` table."""
     rows = [RunRecord.from_manifest(manifest).row() for manifest in manifests]
     return pa.Table.from_pylist(rows, schema=arrow_schema(RunRecord))

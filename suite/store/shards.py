@@ -13,10 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -95,15 +93,6 @@ def read_shard(path: Path) -> pa.Table | str:
         return f"does not hold samples of a known schema ({str(exc).splitlines()[0]})"
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """A run's manifest, or None when it does not read back as a JSON object with a resolved spec."""
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("spec"), dict) else None
-
-
 class ShardStore:
     """The shards of one run (one cell)."""
 
@@ -125,12 +114,9 @@ class ShardStore:
             return False
         return True
 
-    def write_manifest(self, record: dict[str, Any], extra: dict[str, Any]) -> None:
-        path = self.dir / "manifest.json"
-        if path.is_file() and read_manifest(path) is not None:
-            return
-        manifest = {"run_id": self.run_id, "spec": record, "created": time.time(), **extra}
-        atomic_write(path, lambda temp: temp.write_text(json.dumps(manifest, indent=2, default=str)))
+    @property
+    def manifest(self) -> Path:
+        return self.dir / "manifest.json"
 
     def write(self, problem_id: str, records: Sequence[SampleRecord]) -> None:
         table = pa.Table.from_pylist([r.row() for r in records], schema=SAMPLE_SCHEMA)

@@ -25,7 +25,6 @@ from typing import Any
 import duckdb
 
 from kvbench.errors import PrerequisiteError
-from kvbench.provenance import output_environment
 from kvbench.results.check import outputs_digest
 from kvbench.store.atomic import atomic_write
 from kvbench.store.board_tables import (
@@ -105,14 +104,15 @@ def accept(bundle: Path, sha256: str, checked: Checked, database: Path, accepted
     are; the bundle file is kept beside the database."""
     assert not checked.failures and checked.samples is not None
     manifest = checked.manifest
+    assert manifest is not None
     submission = {
         "bundle_sha256": sha256,
-        "submitter": manifest.get("submitter") or "",
-        "description": manifest.get("description") or "",
-        "created": manifest.get("created"),
+        "submitter": manifest.submitter,
+        "description": manifest.description,
+        "created": manifest.created,
         "accepted_at": time.time(),
         "accepted_by": accepted_by or getpass.getuser(),
-        "kvbench_version": manifest.get("kvbench"),
+        "kvbench_version": manifest.kvbench,
         "withdrawn_at": None,
         "withdrawn_reason": None,
     }
@@ -163,9 +163,9 @@ def _held(checked: Checked, sha256: str) -> list[dict[str, Any]]:
             "bundle_sha256": sha256,
             "identity": run.run_id,
             "run_id": board_run_id(run.run_id, sha256),
-            "label": run.manifest.get("label") or run.run_id,
+            "label": run.manifest.label or run.run_id,
             "outputs": outputs_digest(checked.samples, run.run_id),
-            "environment": json.dumps(output_environment(run.manifest), sort_keys=True),
+            "environment": json.dumps(run.manifest.output_environment(), sort_keys=True),
         }
         for run in checked.runs
     ]
@@ -182,7 +182,8 @@ def _store(
     assert checked.samples is not None
     manifests = {run.run_id: run.manifest for run in checked.runs}
     if held:
-        insert_rows(con, "runs", run_table({**manifests[h["identity"]], "run_id": h["run_id"]} for h in held))
+        renamed = (manifests[h["identity"]].model_copy(update={"run_id": h["run_id"]}) for h in held)
+        insert_rows(con, "runs", run_table(renamed))
     for h in held:
         copy_samples(checked.samples, con, "run_id = ?", [h["identity"]], run_id=h["run_id"])
     if submission is None:
@@ -410,8 +411,8 @@ def _kept(bundle: Path) -> Iterator[Checked]:
         runs, broken = stored_runs(Path(scratch) / "runs")
         samples, bad = load_samples(runs)
         with samples:
-            problems = [str(f) for f in failures] + [f"runs/{b}: no run manifest" for b in broken]
+            problems = [str(f) for f in failures] + [f"runs/{b}: {why}" for b, why in broken.items()]
             problems += [f"{path}: {why}" for path, why in bad]
             if problems:
                 raise PrerequisiteError(f"{bundle} no longer reads back: " + "; ".join(problems))
-            yield Checked({}, runs=runs, samples=samples)
+            yield Checked(None, runs=runs, samples=samples)

@@ -4,16 +4,17 @@ manifest and shards, its samples in an in-memory DuckDB, and the output digest `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from kvbench.errors import SpecError
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.ingest import insert_rows
+from kvbench.store.manifest import RunManifest
 from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
-from kvbench.store.shards import read_manifest, read_shard
+from kvbench.store.shards import read_shard
 
 
 @dataclass(frozen=True)
@@ -22,31 +23,30 @@ class StoredRun:
 
     run_id: str
     folder: Path
-    manifest: dict[str, Any]
+    manifest: RunManifest
 
-    @cached_property
+    @property
     def spec(self) -> ResolvedSpec:
-        """The typed resolved spec (raises on a spec this kvbench cannot parse: the rules catch it)."""
-        return ResolvedSpec.read(self.manifest["spec"], self.role)
+        return self.manifest.spec
 
     @property
     def role(self) -> Role:
-        return Role(self.manifest.get("role") or Role.POLICY)
+        return self.manifest.role
 
     @property
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("*.parquet"))
 
 
-def stored_runs(root: Path) -> tuple[list[StoredRun], list[str]]:
-    """Every run folder under ``root`` with a readable manifest, and the folders without one."""
-    runs, broken = [], []
+def stored_runs(root: Path) -> tuple[list[StoredRun], dict[str, str]]:
+    """Every run folder under ``root`` with a readable manifest, and the folders without one: why not."""
+    runs, broken = [], {}
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        manifest = read_manifest(folder / "manifest.json")
-        if manifest is None:
-            broken.append(folder.name)
-        else:
-            runs.append(StoredRun(folder.name, folder, manifest))
+        path = folder / "manifest.json"
+        try:
+            runs.append(StoredRun(folder.name, folder, RunManifest.read(path)))
+        except SpecError as exc:
+            broken[folder.name] = str(exc).removeprefix(f"{path}: ")
     return runs, broken
 
 

@@ -70,7 +70,7 @@ def select(runs: list[StoredRun], run_ids: Sequence[str], policies: Sequence[str
         for arm, partner in partners(run.spec, runs).items():
             if partner is None:
                 raise PrerequisiteError(
-                    f"run {run.run_id} ({run.manifest.get('label')}) has no {arm} run beside it: run "
+                    f"run {run.run_id} ({run.manifest.label}) has no {arm} run beside it: run "
                     "the same `kvbench run` without --no-baselines, then export again"
                 )
             chosen[partner.run_id] = partner
@@ -85,9 +85,10 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
     by_hash = {sha256_file(path): path for path in given}
     for run in runs:
         name = run.spec.policy.name
-        if name in builtins or name in sources or is_press(run.spec.policy.name, run.manifest):
+        doc = run.manifest.policy_doc
+        if name in builtins or name in sources or is_press(name, doc):
             continue
-        recorded = (run.manifest.get("policy_doc") or {}).get("source_sha256")
+        recorded = doc.source_sha256 if doc is not None else None
         if recorded is None:
             raise PrerequisiteError(
                 f"run {run.run_id} ({name}) predates scorer hashing: run it again with this kvbench into a "
@@ -109,14 +110,14 @@ def _scorer_sources(runs: list[StoredRun], given: Sequence[Path]) -> dict[str, P
 
 
 def _environment(runs: list[StoredRun]) -> dict[str, Any]:
-    def distinct(key: str) -> list[Any]:  # in first-seen order; the values are dicts, so not a set
-        values = [run.manifest.get(key) for run in runs]
+    def distinct(values: list[Any]) -> list[Any]:  # in first-seen order; the values are dicts, so not a set
         return [value for i, value in enumerate(values) if value not in values[:i]]
 
+    runtimes = [r.spec.record().get("runtime") for r in runs]
     return {
-        "hardware": distinct("hardware"),
-        "packages": distinct("packages"),
-        "runtimes": sorted({json.dumps(r.manifest["spec"].get("runtime"), sort_keys=True) for r in runs}),
+        "hardware": distinct([run.manifest.hardware for run in runs]),
+        "packages": distinct([run.manifest.packages for run in runs]),
+        "runtimes": sorted({json.dumps(runtime, sort_keys=True) for runtime in runtimes}),
         "exported_with": {
             "kvbench": kvbench.__version__,
             "distributions": sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()),
@@ -125,9 +126,9 @@ def _environment(runs: list[StoredRun]) -> dict[str, Any]:
 
 
 def _suite_text(run: StoredRun, fallback: str | None) -> tuple[str, str]:
-    recorded = run.manifest.get("suite")
+    recorded = run.manifest.suite
     if recorded:
-        return recorded["name"], recorded["yaml"]
+        return recorded.name, recorded.yaml
     if fallback is None:
         raise SpecError(
             f"run {run.run_id} does not record its suite (it predates suite recording): name it with "
@@ -140,7 +141,7 @@ def _suite_text(run: StoredRun, fallback: str | None) -> tuple[str, str]:
 def _protocol_text(run: StoredRun) -> str:
     name = run.spec.protocol.name
     description = load_protocol(name).description if name in protocol_names() else "as resolved in the runs"
-    return yaml.safe_dump({**run.manifest["spec"]["protocol"], "description": description}, sort_keys=False)
+    return yaml.safe_dump({**run.spec.protocol.identity(), "description": description}, sort_keys=False)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -178,7 +179,8 @@ def export(
     runs, broken = stored_runs(root / "shards")
     if broken:
         raise PrerequisiteError(
-            f"runs under {root / 'shards'} without a readable manifest: {', '.join(broken)}"
+            f"runs under {root / 'shards'} without a readable manifest: "
+            + "; ".join(f"{name} ({why})" for name, why in broken.items())
         )
     if not runs:
         raise PrerequisiteError(f"no runs under {root / 'shards'}: run `kvbench run --out {root}` first")
@@ -196,7 +198,7 @@ def export(
         cells = []
         for run in chosen:
             if not counts.get(run.run_id):
-                raise PrerequisiteError(f"run {run.run_id} ({run.manifest.get('label')}) has no samples yet")
+                raise PrerequisiteError(f"run {run.run_id} ({run.manifest.label}) has no samples yet")
             members[f"runs/{run.run_id}/manifest.json"] = run.folder / "manifest.json"
             members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
             suite_member = _member(staging, members, "suites", *_suite_text(run, suite))
@@ -212,7 +214,7 @@ def export(
                 BundleCell(
                     run_id=run.run_id,
                     role=run.role,
-                    label=run.manifest.get("label"),
+                    label=run.manifest.label,
                     output_digest=outputs_digest(con, run.run_id),
                     samples=counts[run.run_id],
                     suite=suite_member,

@@ -9,13 +9,13 @@ from typing import Any
 
 from kvbench.core.contract import Policy
 from kvbench.kvpress.catalog import press_of
+from kvbench.store.manifest import PolicyDoc
 
 
-def is_press(name: str, manifest: dict[str, Any]) -> bool:
+def is_press(name: str, doc: PolicyDoc | None) -> bool:
     """Whether a run's policy is a kvpress press: its name is one (``kvpress-knorm``) and its recorded
     documentation says so."""
-    doc = manifest.get("policy_doc") or {}
-    return press_of(name) is not None and isinstance(doc, dict) and doc.get("origin") == "kvpress"
+    return press_of(name) is not None and doc is not None and doc.origin == "kvpress"
 
 
 def press_policy(name: str, params: dict[str, Any]) -> Policy:

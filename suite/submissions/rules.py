@@ -29,7 +29,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import duckdb
 import pydantic
@@ -43,16 +42,17 @@ from kvbench.results.pairing import partners
 from kvbench.runner.identity import RUNNER_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
-from kvbench.specs.resolved import ResolvedSpec, Role, digest
+from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.specs.suite import SuiteSpec, suite_names
 from kvbench.specs.task import load_task, task_names
-from kvbench.store.records import SCHEMA_VERSION, RunRecord
+from kvbench.store.records import SCHEMA_VERSION
 from kvbench.store.shards import problem_key
 from kvbench.submissions.bundle import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     MEMBER_NAMES,
+    BundleCell,
     BundleManifest,
     Failure,
     sha256_file,
@@ -65,7 +65,8 @@ from kvbench.submissions.presses import is_press
 class Checked:
     """A bundle after every rule: its manifest, runs and samples (in DuckDB), and what failed."""
 
-    manifest: dict[str, Any]
+    manifest: BundleManifest | None
+    """None where bundle.json does not read as one (or a kept bundle, read without its rules)."""
     runs: list[StoredRun] = field(default_factory=list)
     samples: duckdb.DuckDBPyConnection | None = None
     failures: list[Failure] = field(default_factory=list)
@@ -77,31 +78,31 @@ class Checked:
 def check_bundle(folder: Path) -> Checked:
     """Every rule over an extracted bundle (kvbench.submissions.bundle.open_bundle)."""
     try:
-        manifest = BundleManifest.model_validate_json((folder / MANIFEST).read_bytes()).model_dump()
+        manifest = BundleManifest.model_validate_json((folder / MANIFEST).read_bytes())
     except (OSError, pydantic.ValidationError) as exc:
-        checked = Checked({})
+        checked = Checked(None)
         checked.fail(MANIFEST, "bundle-manifest", f"missing or not a bundle manifest ({_first_line(exc)})")
         return checked
     checked = Checked(manifest)
     _digests(folder, checked)
-    if (manifest.get("format"), manifest.get("format_version")) != (FORMAT, FORMAT_VERSION):
+    if (manifest.format, manifest.format_version) != (FORMAT, FORMAT_VERSION):
         checked.fail(
             MANIFEST,
             "schema-version",
-            f"format {manifest.get('format')!r} "
-            f"v{manifest.get('format_version')}, this kvbench reads {FORMAT} v{FORMAT_VERSION}",
+            f"format {manifest.format!r} "
+            f"v{manifest.format_version}, this kvbench reads {FORMAT} v{FORMAT_VERSION}",
         )
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    if manifest.schema_version != SCHEMA_VERSION:
         checked.fail(
             MANIFEST,
             "schema-version",
-            f"records of schema {manifest.get('schema_version')}, this "
+            f"records of schema {manifest.schema_version}, this "
             f"kvbench stores schema {SCHEMA_VERSION}: export them with this kvbench version",
         )
     runs, broken = stored_runs(folder / "runs")
-    for name in broken:
-        checked.fail(f"runs/{name}/manifest.json", "bundle-manifest", "missing or not a run manifest")
-    cells = {c["run_id"]: c for c in manifest["cells"]}
+    for name, why in broken.items():
+        checked.fail(f"runs/{name}/manifest.json", "bundle-manifest", f"missing or not a run manifest: {why}")
+    cells = {c.run_id: c for c in manifest.cells}
     for run in runs:
         if run.run_id not in cells:
             checked.fail(f"runs/{run.run_id}", "bundle-manifest", "a run the bundle manifest does not list")
@@ -122,25 +123,24 @@ def check_bundle(folder: Path) -> Checked:
 
 
 def _digests(folder: Path, checked: Checked) -> None:
-    members = checked.manifest["members"]
+    assert checked.manifest is not None
+    members = checked.manifest.members
     present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} - {MANIFEST}
     for name in sorted(present - set(members)):
         checked.fail(name, "digest", "not listed in the bundle manifest's members")
     for name, entry in sorted(members.items()):
         if name not in present:
             checked.fail(name, "digest", "listed in the bundle manifest but missing")
-        elif (folder / name).stat().st_size != entry.get("size") or sha256_file(folder / name) != entry.get(
-            "sha256"
-        ):
+        elif (folder / name).stat().st_size != entry.size or sha256_file(folder / name) != entry.sha256:
             checked.fail(name, "digest", "its sha256 or size is not the one the bundle manifest lists")
 
 
-def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> bool:
+def _run_rules(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> bool:
     """The rules on one run; False when its spec or role is not one this kvbench can judge further."""
     where = f"runs/{run.run_id}"
     try:
-        hashed = digest(run.manifest["spec"])
-        if hashed != run.run_id or run.manifest.get("run_id") != run.run_id:
+        hashed = run.spec.identity
+        if hashed != run.run_id or run.manifest.run_id != run.run_id:
             checked.fail(
                 f"{where}/manifest.json",
                 "identity",
@@ -157,14 +157,14 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
             [run.run_id],
         ).fetchall()
         _counts(where, run, rows, checked)
-        if len(rows) != cell["samples"]:
-            checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell['samples']}")
+        if len(rows) != cell.samples:
+            checked.fail(where, "sample-counts", f"{len(rows)} samples, the bundle lists {cell.samples}")
         outputs = outputs_digest(checked.samples, run.run_id)
-        if outputs != cell["output_digest"]:
+        if outputs != cell.output_digest:
             checked.fail(
                 where,
                 "output-digest",
-                f"its samples digest to {outputs}, the bundle lists {cell['output_digest']}",
+                f"its samples digest to {outputs}, the bundle lists {cell.output_digest}",
             )
         _private(where, run.spec, rows, checked)
         _suite(folder, run, cell, checked)
@@ -177,27 +177,17 @@ def _run_rules(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Chec
         return False
 
 
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _spec_problem(run: StoredRun, cell: dict[str, Any]) -> str | None:
-    """What makes a run's spec or role one this kvbench cannot judge, or None. The spec must parse as a
-    resolved spec and be in the canonical form this kvbench writes (so no field the rules read can be
-    missing or mistyped), and the role must fit the policy: the null is the protocol's baseline, the full
-    cache its reference."""
-    record = run.manifest["spec"]
-    try:
-        spec = run.spec
-        RunRecord.from_manifest(run.manifest)
-    except (KeyError, TypeError, ValueError, pydantic.ValidationError) as exc:
-        return _first_line(exc)
-    if digest(spec.record()) != digest(record):
-        return "it is not in the form this kvbench resolves (fields retyped)"
+def _spec_problem(run: StoredRun, cell: BundleCell) -> str | None:
+    """What makes a run's spec or role one this kvbench cannot judge, or None. The spec (typed when its
+    manifest was read) must be in the canonical form this kvbench writes (so no field the rules read can
+    be missing), and the role must fit the policy: the null is the protocol's baseline, the full cache its
+    reference."""
+    spec = run.spec
+    record = spec.record()
     canonical = {
         "model": spec.model.model_dump(mode="json"),
         "task": spec.task.model_dump(mode="json"),
@@ -210,11 +200,11 @@ def _spec_problem(run: StoredRun, cell: dict[str, Any]) -> str | None:
         return "it does not record the runtime it ran on"
     if spec.runner_version != RUNNER_VERSION:
         return f"scored by runner version {spec.runner_version}, this kvbench's is {RUNNER_VERSION}"
-    role, policy = run.manifest.get("role"), spec.policy.name
+    role, policy = run.role, spec.policy.name
     arm = {Role.NULL: spec.protocol.baseline, Role.REFERENCE: spec.protocol.reference}
     # a policy under test may be any policy (even the baseline's); the null and the full cache may not
-    if role != cell["role"] or (role in arm and policy != arm[Role(role)]):
-        return f"role {role!r} (bundle: {cell['role']!r}) for policy {policy!r}"
+    if role != cell.role or (role in arm and policy != arm[role]):
+        return f"role {str(role)!r} (bundle: {str(cell.role)!r}) for policy {policy!r}"
     budget = spec.budget if spec.task.scored_from_first_eviction else None
     if role == Role.REFERENCE and (spec.budget, spec.ratio) != (budget, None):
         return "a full-cache run with a budget its scores do not depend on"
@@ -287,37 +277,32 @@ def _private(where: str, spec: ResolvedSpec, rows: list[tuple], checked: Checked
         )
 
 
-def _shipped(folder: Path, cell: dict[str, Any], field: str, expected: str, checked: Checked) -> Path | None:
-    """The member a cell names in ``field``, which must be ``expected`` (derived from the run, never a
-    path the submitter chose) and a member the bundle lists; None, with the failure, otherwise."""
-    if (
-        cell[field] != expected
-        or not MEMBER_NAMES.fullmatch(expected)
-        or expected not in checked.manifest["members"]
-    ):
-        checked.fail(
-            f"runs/{cell['run_id']}", field, f"names {cell[field]!r}; the bundle must ship {expected!r}"
-        )
+def _shipped(
+    folder: Path, cell: BundleCell, field: str, named: str | None, expected: str, checked: Checked
+) -> Path | None:
+    """The member a cell names (``named``, in ``field``), which must be ``expected`` (derived from the run,
+    never a path the submitter chose) and a member the bundle lists; None, with the failure, otherwise."""
+    assert checked.manifest is not None
+    if named != expected or not MEMBER_NAMES.fullmatch(expected) or expected not in checked.manifest.members:
+        checked.fail(f"runs/{cell.run_id}", field, f"names {named!r}; the bundle must ship {expected!r}")
         return None
     path = folder / expected
     return path if path.is_file() else None
 
 
-def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    recorded = _mapping(run.manifest.get("suite"))
-    name = recorded.get("name") or PurePosixPath(str(cell["suite"])).stem
-    path = _shipped(folder, cell, "suite", f"suites/{name}.yaml", checked)
+def _suite(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> None:
+    recorded = run.manifest.suite
+    name = recorded.name if recorded else PurePosixPath(cell.suite).stem
+    path = _shipped(folder, cell, "suite", cell.suite, f"suites/{name}.yaml", checked)
     if path is None:
         return
-    member, text = str(cell["suite"]), path.read_bytes()
+    member, text = cell.suite, path.read_bytes()
     shipped = hashlib.sha256(text).hexdigest()
     if not recorded and name not in suite_names():
         checked.fail(member, "suite", "the run records no suite, and this one is not one of this kvbench's")
         return
-    if recorded and recorded.get("sha256") != shipped:
-        checked.fail(
-            member, "suite", f"sha256 {shipped[:16]}…, the run recorded {str(recorded.get('sha256'))[:16]}…"
-        )
+    if recorded and recorded.sha256 != shipped:
+        checked.fail(member, "suite", f"sha256 {shipped[:16]}…, the run recorded {recorded.sha256[:16]}…")
         return
     try:
         suite = SuiteSpec.model_validate(yaml.safe_load(text))
@@ -334,13 +319,13 @@ def _suite(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked)
         )
 
 
-def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    resolved = run.manifest["spec"]["protocol"]
+def _protocol(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> None:
+    resolved = run.spec.protocol.identity()  # the record's, as the identity rule checked
     name = run.spec.protocol.name
-    path = _shipped(folder, cell, "protocol", f"protocols/{name}.yaml", checked)
+    path = _shipped(folder, cell, "protocol", cell.protocol, f"protocols/{name}.yaml", checked)
     if path is None:
         return
-    member = str(cell["protocol"])
+    member = cell.protocol
     try:
         shipped = ProtocolSpec.model_validate(yaml.safe_load(path.read_text()))
     except (UnicodeDecodeError, yaml.YAMLError, pydantic.ValidationError) as exc:
@@ -352,26 +337,27 @@ def _protocol(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Check
         checked.fail(member, "protocol", f"differs from this kvbench's protocol {name!r} under the same name")
 
 
-def _scorer(folder: Path, run: StoredRun, cell: dict[str, Any], checked: Checked) -> None:
-    name = run.spec.policy.name
-    if name in builtin_policies() or is_press(name, run.manifest):
-        if cell["scorer"] is not None:
+def _scorer(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> None:
+    name, doc = run.spec.policy.name, run.manifest.policy_doc
+    if name in builtin_policies() or is_press(name, doc):
+        if cell.scorer is not None:
             kind = "built-in policy" if name in builtin_policies() else "kvpress press"
             checked.fail(f"runs/{run.run_id}", "scorer", f"ships a scorer for the {kind} {name!r}")
         elif name not in builtin_policies() and "kvpress_version" not in run.spec.policy.params:
             why = f"the kvpress press {name!r} records no kvpress version"
             checked.fail(f"runs/{run.run_id}", "scorer", why)
         return
-    recorded = _mapping(run.manifest.get("policy_doc")).get("source_sha256")
-    path = _shipped(folder, cell, "scorer", f"scorers/{name}.py", checked)
+    recorded = doc.source_sha256 if doc is not None else None
+    path = _shipped(folder, cell, "scorer", cell.scorer, f"scorers/{name}.py", checked)
     if path is not None and (recorded is None or sha256_file(path) != recorded):
         checked.fail(
-            str(cell["scorer"]), "scorer", f"its sha256 is not the one run {run.run_id} recorded for {name!r}"
+            str(cell.scorer), "scorer", f"its sha256 is not the one run {run.run_id} recorded for {name!r}"
         )
 
 
 def _policy_names(where: str, run: StoredRun, checked: Checked) -> None:
-    documented = _mapping(run.manifest.get("policy_doc")).get("name", run.spec.policy.name)
+    doc = run.manifest.policy_doc
+    documented = doc.name if doc is not None and doc.name is not None else run.spec.policy.name
     for name in dict.fromkeys((run.spec.policy.name, documented)):
         problem = policy_name_problem(name)
         if problem:

@@ -10,7 +10,7 @@ is random unless given, so that a submitter cannot know which problems will be r
 
 - Same machine: the same runtime (adapter, device kind, dtype, attention) and the same output
   environment as the run recorded (library versions, Python, CPU model, its vector features, torch
-  threads, a GPU's model, driver, CUDA and cuDNN: kvbench.provenance.output_environment). The runs are
+  threads, a GPU's model, driver, CUDA and cuDNN: kvbench.store.manifest.Provenance). The runs are
   deterministic given their seeds, so the outputs must be identical: the output digest over the drawn
   problems must match.
 - Anywhere else (another GPU or CPU, other versions, or ``--device`` / ``--attention`` given): outputs may
@@ -35,7 +35,7 @@ import duckdb
 
 from kvbench.errors import KvbenchError
 from kvbench.isolation.host import IsolatedPolicy, IsolationLimits
-from kvbench.provenance import environment_differences, output_environment, provenance
+from kvbench.provenance import provenance
 from kvbench.registry import builtin_policies, make_policy
 from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import cell_family
@@ -44,6 +44,7 @@ from kvbench.results.summary import summarize
 from kvbench.runner.orchestrate import run_cells
 from kvbench.runner.plan import Cell, Runtime, make_cell
 from kvbench.specs.resolved import digest
+from kvbench.store.manifest import Provenance
 from kvbench.submissions.contents import StoredRun, copy_samples, load_samples, stored_runs
 from kvbench.submissions.presses import is_press, press_policy
 from kvbench.submissions.rules import Checked
@@ -91,18 +92,18 @@ def rebuild(
 ) -> Cell:
     """The cell a run's resolved spec describes, built by this kvbench; its identity must be the run's
     (up to the runtime asked for and where the task's data lies here)."""
-    spec, doc = run.spec, run.manifest.get("policy_doc") or {}
+    spec, doc = run.spec, run.manifest.policy_doc
     name, params = spec.policy.name, spec.policy.params
     if name in builtin_policies():
         policy = make_policy(name, **params)
-    elif is_press(name, run.manifest):  # an installed package at the version the run recorded
+    elif is_press(name, doc):  # an installed package at the version the run recorded
         policy = press_policy(name, params)
     else:
         scorer = folder / "scorers" / f"{name}.py"
-        if not scorer.is_file() or "class" not in doc:
+        if not scorer.is_file() or doc is None or doc.class_name is None:
             raise KvbenchError(f"policy {name!r} is not built in and the bundle ships no runnable scorer")
         # never imported here: it runs in a process of its own, behind the sandbox
-        policy = IsolatedPolicy(scorer, doc["class"], params, limits or IsolationLimits())
+        policy = IsolatedPolicy(scorer, doc.class_name, params, limits or IsolationLimits())
         if policy.name != name:
             raise KvbenchError(f"the bundle's scorer for {name!r} registers the name {policy.name!r}")
     local = None
@@ -203,15 +204,15 @@ def verify(
     chosen = choose_problems(checked, count, seed)
     outcomes: list[Outcome] = []
     notes: dict[str, str] = {}  # run id -> why its scores, not its outputs, are compared
-    here: dict[str, dict[str, Any]] = {}  # device -> this machine's provenance on it, read once
+    here: dict[str, Provenance] = {}  # device -> this machine's provenance on it, read once
     groups: dict[tuple[str, str, bool], list[tuple[StoredRun, Cell, bool]]] = {}
     for run in checked.runs:
         asked = run.spec.ran_on
-        label = run.manifest.get("label") or run.run_id
+        label = run.manifest.label or run.run_id
         where = device or asked.device
         if where not in here:
-            here[where] = provenance(where)
-        machine = here[where]["hardware"]
+            here[where] = Provenance.model_validate(provenance(where))
+        machine = here[where].hardware or {}
         if not chosen[run.run_id]:
             outcomes.append(
                 Outcome(run.run_id, label, "not verified", "", 0, "no problem to re-run", machine)
@@ -224,7 +225,7 @@ def verify(
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
             continue
-        moved = environment_differences(output_environment(run.manifest), output_environment(here[where]))
+        moved = run.manifest.environment_changes(here[where])
         exact = cell.spec.ran_on == asked and not moved
         if moved:
             notes[run.run_id] = f"; recorded on another machine ({', '.join(moved)})"
@@ -236,7 +237,7 @@ def verify(
         for members in groups.values():
             cells = [cell for _, cell, _ in members]
             only = {cell.run_id: chosen[run.run_id] for run, cell, _ in members}
-            machine = here[cells[0].runtime.device]["hardware"]
+            machine = here[cells[0].runtime.device].hardware or {}
             try:
                 run_cells(cells, out, progress=progress, only=only)
             except Exception as exc:  # the adapter, device or model cannot run here: say so per run

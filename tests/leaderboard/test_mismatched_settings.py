@@ -13,6 +13,7 @@ import pyarrow as pa
 from kvbench.bench.leaderboard import _SAMPLES, synthetic_spec
 from kvbench.leaderboard.queries import Compression, leaderboard
 from kvbench.store.ingest import SCHEMA
+from kvbench.store.manifest import RunManifest
 from kvbench.store.records import SCHEMA_VERSION, RunRecord, arrow_schema
 
 ARMS = [  # run id, policy, params, role, problems
@@ -39,7 +40,8 @@ def _store(path: Path) -> None:
             )  # fmt: skip
             spec["policy"]["params"] = params
             manifest = {"run_id": run_id, "role": role, "label": run_id, "kvbench": "synthetic", "spec": spec}
-            runs.append(RunRecord.from_manifest({**manifest, "created": time.time() + index}).row())
+            typed = RunManifest.validated({**manifest, "created": time.time() + index}, path)
+            runs.append(RunRecord.from_manifest(typed).row())
             values = {"run_id": run_id, "task": "task-0", "chance": 300 + 50 * index}
             con.execute(_SAMPLES, values | {"problems": problems, "samples": 1})
         con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))

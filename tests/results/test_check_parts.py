@@ -16,6 +16,7 @@ from kvbench.errors import PrerequisiteError, SpecError
 from kvbench.results.check import (
     FORMAT_VERSION,
     CellResult,
+    ReferenceManifest,
     read_reference,
     reference_path,
     write_reference,
@@ -192,15 +193,19 @@ def test_the_reference_file_round_trips_and_refuses_another_format(tmp_path: Pat
     ]
     path = reference_path(tmp_path / "runs" / "reference", "ci")
     assert path == tmp_path / "runs" / "reference" / "ci.json"
-    write_reference(path, results, {"suite": "ci", "python": "3.x"})
+    write_reference(path, results, ReferenceManifest(suite="ci", python="3.x"))
     manifest, back = read_reference(path)
     assert back == results
-    write_reference(path, results[:1], {"suite": "ci"})  # an update overwrites the file
+    write_reference(path, results[:1], ReferenceManifest(suite="ci"))  # an update overwrites the file
     assert read_reference(path)[1] == results[:1]
-    write_reference(path, results, {"suite": "ci", "python": "3.x"})
-    assert manifest["suite"] == "ci" and manifest["python"] == "3.x" and manifest["written"].endswith("Z")
+    write_reference(path, results, ReferenceManifest(suite="ci", python="3.x"))
+    assert manifest.suite == "ci" and manifest.python == "3.x" and (manifest.written or "").endswith("Z")
     document = json.loads(path.read_text())
+    assert document["manifest"] == {"suite": "ci", "python": "3.x", "written": manifest.written}
     assert document["format_version"] == FORMAT_VERSION
+    path.write_text(json.dumps({**document, "manifest": {**document["manifest"], "python": 3}}))
+    with pytest.raises(SpecError, match=f"^{path}: not a ReferenceManifest \\(python: "):
+        read_reference(path)
     document["format_version"] = FORMAT_VERSION - 1
     path.write_text(json.dumps(document))
     with pytest.raises(SpecError, match=f"{path}.*format {FORMAT_VERSION - 1}.*reads {FORMAT_VERSION}"):
@@ -209,7 +214,7 @@ def test_the_reference_file_round_trips_and_refuses_another_format(tmp_path: Pat
 
 def test_the_committed_reference_reads_with_this_code() -> None:
     manifest, cells = read_reference(reference_path(POLICY_DIR.parent / "runs" / "reference", "ci"))
-    assert manifest["suite"] == "ci" and len(cells) == 24
+    assert manifest.suite == "ci" and manifest.git is not None and len(cells) == 24
     assert all(len(c.outputs) == len(c.code) == 16 for c in cells)
 
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from kvbench.results.check import CellResult, compare_with_reference, environment_changes
+from kvbench.results.check import CellResult, compare_with_reference
+from kvbench.store.manifest import Provenance
 
 EPSILON = 1e-9
 
@@ -74,6 +75,10 @@ def test_environment_changes_name_what_moved() -> None:
     }
     assert environment_changes(before, after) == ["cpu A -> B", "torch 2.13.0 -> 2.14.0"]
     assert environment_changes(before, before) == []
+
+
+def environment_changes(before: dict, after: dict) -> list[str]:
+    return Provenance.model_validate(before).environment_changes(Provenance.model_validate(after))
 
 
 def test_a_drop_of_exactly_the_tolerance_passes() -> None:
