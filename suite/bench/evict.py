@@ -140,6 +140,38 @@ def copy_bandwidth(device: torch.device, nbytes: int, min_run_time: float = 0.2)
     return 2 * nbytes / (ms / 1e3)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every arm of one bench shares: the model's shape, the schedule, the queries' statistics."""
+
+    model: ModelFacts
+    schedule: Schedule
+    calibration: QueryStats
+    prompt_len: int
+
+    def timer(
+        self, policy: Policy, queries: Tensor, dtype: torch.dtype, min_run_time: float, *, telemetry: bool
+    ) -> Callable[[], tuple[float, int]]:
+        """Times ``policy``'s events on a cache that every arm starts from alike (the generator restarts)."""
+        batch, device = queries.shape[0], queries.device
+        evictor = Evictor(
+            policy,
+            self.schedule,
+            self.model,
+            prompt_len=self.prompt_len,
+            row_seeds=range(batch),
+            calibration=self.calibration,
+            telemetry=telemetry,
+        )
+        start = torch.Generator(device=device).manual_seed(batch)
+        slots = self.schedule.budget + self.schedule.buffer
+        cache = [_layer(batch, self.model, slots, dtype, start, device) for _ in range(self.model.num_layers)]
+        inv_freq = self.model.rope_inv_freq.to(device)
+        rolling = _Rolling(cache, self.schedule.buffer, slots, start, inv_freq)
+        event = functools.partial(rolling.event, evictor, queries)
+        return functools.partial(median_ms, event, device, min_run_time, rolling.refill)
+
+
 def bench_evict(
     policies: Sequence[str] | None = None,
     *,
@@ -175,11 +207,12 @@ def bench_evict(
         arms += [(f"{apart.name} (in process)", make_policy(text)), (f"{apart.name} (isolated)", apart)]
     inv_freq = rope_inv_freq(head_dim).float()
     model = ModelFacts("bench", layers, q_heads, kv_heads, head_dim, rope_inv_freq=inv_freq)
-    schedule = Schedule(budget=budget, buffer=buffer, protection="prompt")
     gen = torch.Generator().manual_seed(0)
     calibration = QueryStats.from_queries(
         "bench", "random", [torch.randn(q_heads, 256, head_dim, generator=gen) for _ in range(layers)]
     )
+    schedule = Schedule(budget=budget, buffer=buffer, protection="prompt")
+    setup = _Setup(model, schedule, calibration, prompt_len)
     on_device = torch.Generator(device=where).manual_seed(0)
     bandwidth = copy_bandwidth(where, bandwidth_bytes)
     results: list[EvictTiming] = []
@@ -195,23 +228,9 @@ def bench_evict(
         times: dict[str, tuple[float, int]] = {}
         without: dict[str, float] = {}
         for name, policy in arms:
-            timed: dict[bool, Callable[[], tuple[float, int]]] = {}  # by whether the telemetry is on
-            for on in (False, True):
-                evictor = Evictor(
-                    policy,
-                    schedule,
-                    model,
-                    prompt_len=prompt_len,
-                    row_seeds=range(batch),
-                    calibration=calibration,
-                    telemetry=on,
-                )
-                # every arm starts from the same cache: the generator restarts
-                start = torch.Generator(device=where).manual_seed(batch)
-                cache = [_layer(batch, model, budget + buffer, dtype, start, where) for _ in range(layers)]
-                rolling = _Rolling(cache, buffer, budget + buffer, start, inv_freq.to(where))
-                event = functools.partial(rolling.event, evictor, queries)
-                timed[on] = functools.partial(median_ms, event, where, min_run_time, rolling.refill)
+            timed = {
+                on: setup.timer(policy, queries, dtype, min_run_time, telemetry=on) for on in (False, True)
+            }
             if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
                 pairs = [(timed[False]()[0], timed[True]()) for _ in range(2)]
                 without[name] = min(off for off, _ in pairs)
