@@ -29,6 +29,7 @@ from kvbench.core.mixed_kv import Slots
 from kvbench.core.rope import apply_rope, rope_inv_freq
 from kvbench.core.schedule import Schedule
 from kvbench.registry import known_policies, make_policy
+from kvbench.specs.protocol import NULL_POLICY
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ def bench_evict(
     _Rolling); the copy bandwidth is measured on a copy of ``bandwidth_bytes``."""
     where = torch.device(device)
     names = [n for n in (policies or ([] if isolated else known_policies())) if make_policy(n).evicts]
-    if "random" not in names:
-        names = ["random", *names]
+    if NULL_POLICY not in names:
+        names = [NULL_POLICY, *names]
     arms: list[tuple[str, Policy]] = [(name, make_policy(name)) for name in names]
     for text in isolated:
         from kvbench.isolation.host import isolated as isolate
@@ -237,7 +238,7 @@ def bench_evict(
                 times[name] = min((on for _, on in pairs), key=lambda t: t[0])
             else:
                 times[name] = timed[True]()
-        base = times["random"][0]
+        base = times[NULL_POLICY][0]
         results += [
             EvictTiming(
                 n,

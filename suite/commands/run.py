@@ -27,6 +27,7 @@ from kvbench.commands.memory import (
     plan_only,
     print_plan,
 )
+from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
@@ -154,7 +155,9 @@ def _register_compare(commands: argparse._SubParsersAction) -> None:
     cmp.add_argument("--task")
     cmp.add_argument("--protocol")
     cmp.add_argument("--budget", type=int)
-    cmp.add_argument("--against", default="random", help="the baseline policy (default: random, the null)")
+    cmp.add_argument(
+        "--against", default=NULL_POLICY, help=f"the baseline policy (default: {NULL_POLICY}, the null)"
+    )
     cmp.add_argument("--seed", type=int, help="only runs under this protocol seed (default: every seed)")
     cmp.add_argument(
         "--pool",
