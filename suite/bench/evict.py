@@ -172,6 +172,30 @@ class _Setup:
         event = functools.partial(rolling.event, evictor, queries)
         return functools.partial(median_ms, event, device, min_run_time, rolling.refill)
 
+    def time_arms(
+        self,
+        arms: Sequence[tuple[str, Policy]],
+        queries: Tensor,
+        dtype: torch.dtype,
+        min_run_time: float,
+        *,
+        telemetry_cost: bool,
+    ) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+        """Each arm's (median ms, runs) with the telemetry on and, with ``telemetry_cost``, its ms without."""
+        times: dict[str, tuple[float, int]] = {}
+        without: dict[str, float] = {}
+        for name, policy in arms:
+            timed = {
+                on: self.timer(policy, queries, dtype, min_run_time, telemetry=on) for on in (False, True)
+            }
+            if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
+                pairs = [(timed[False]()[0], timed[True]()) for _ in range(2)]
+                without[name] = min(off for off, _ in pairs)
+                times[name] = min((on for _, on in pairs), key=lambda t: t[0])
+            else:
+                times[name] = timed[True]()
+        return times, without
+
 
 def bench_evict(
     policies: Sequence[str] | None = None,
@@ -226,18 +250,7 @@ def bench_evict(
         ).to(dtype)
         # the K kept slots' keys and values (and int64 positions), read once and written once, per layer
         moved = 2 * layers * batch * kv_heads * budget * (2 * head_dim * dtype.itemsize + 8)
-        times: dict[str, tuple[float, int]] = {}
-        without: dict[str, float] = {}
-        for name, policy in arms:
-            timed = {
-                on: setup.timer(policy, queries, dtype, min_run_time, telemetry=on) for on in (False, True)
-            }
-            if telemetry_cost:  # off, on, off, on: a load that drifts meets both alike
-                pairs = [(timed[False]()[0], timed[True]()) for _ in range(2)]
-                without[name] = min(off for off, _ in pairs)
-                times[name] = min((on for _, on in pairs), key=lambda t: t[0])
-            else:
-                times[name] = timed[True]()
+        times, without = setup.time_arms(arms, queries, dtype, min_run_time, telemetry_cost=telemetry_cost)
         base = times[NULL_POLICY][0]
         results += [
             EvictTiming(

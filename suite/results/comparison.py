@@ -268,28 +268,52 @@ def _compare_source(
     quantity: str,
 ) -> list[ArmResult]:
     """compare_table on the runs of one source."""
-    chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
-    by_arm: dict[Arm, dict[str, StoredRun]] = {}
-    for run in chosen:
-        by_arm.setdefault(run.arm, {})[run.task] = run
-    arms = {arm: got for arm, got in by_arm.items() if all(t in got for t in tasks)}
-    every: dict[tuple[Arm, str], list[StoredRun]] = {}  # all of an arm's runs on a task, to pair among
-    for run in runs:
-        every.setdefault((run.arm, run.task), []).append(run)
-    candidates = [a for a in arms if a[0] == baseline and a[2] != Role.REFERENCE]
-    base = next((a for a in candidates if a[2] == Role.NULL), candidates[0] if candidates else None)
-    full = next((a for a in arms if a[2] == Role.REFERENCE), None)
-    if full is not None and base is not None:  # the full cache that pairs with the null, where K matters
-        paired = {t: _partner(arms[base][t], every, full, Role.REFERENCE) for t in tasks}
-        arms[full] = {**arms[full], **{t: run for t, run in paired.items() if run is not None}}
+    source = _Source(runs, summaries, tasks, baseline)
+    tests = source.tests(QUANTITIES[quantity])
+    return [source.result(arm, tests.get(arm), also) for arm in source.arms]
 
-    def own(arm: Arm, field: str) -> dict[tuple[str, str], float]:
-        return pool({t: getattr(summaries[arms[arm][t].run_id], field) for t in tasks})
 
-    pooled = {arm: own(arm, "scores") for arm in arms}
+Scores = dict[tuple[str, str], float]
+"""Per problem (task, problem id) of a table's tasks pooled: one arm's score or another measure."""
 
-    def partner_runs(arm: Arm, other: Arm | None, role: Role) -> dict[str, StoredRun]:
+
+class _Source:
+    """One source's arms with every task of a table, each paired with the null's and the full cache's
+    runs it is compared against (section 9's pairing rule)."""
+
+    def __init__(
+        self,
+        runs: Sequence[StoredRun],
+        summaries: Mapping[str, CellSummary],
+        tasks: Sequence[str],
+        baseline: str,
+    ) -> None:
+        self.runs, self.summaries, self.tasks, self.baseline = runs, summaries, tasks, baseline
+        chosen = most_complete(list(runs), summaries, key=lambda r: (r.task, *r.arm))
+        by_arm: dict[Arm, dict[str, StoredRun]] = {}
+        for run in chosen:
+            by_arm.setdefault(run.arm, {})[run.task] = run
+        arms = {arm: got for arm, got in by_arm.items() if all(t in got for t in tasks)}
+        self.every: dict[tuple[Arm, str], list[StoredRun]] = {}  # all of an arm's runs on a task, to pair
+        for run in runs:
+            self.every.setdefault((run.arm, run.task), []).append(run)
+        candidates = [a for a in arms if a[0] == baseline and a[2] != Role.REFERENCE]
+        self.base = next((a for a in candidates if a[2] == Role.NULL), candidates[0] if candidates else None)
+        self.full = next((a for a in arms if a[2] == Role.REFERENCE), None)
+        if self.full is not None and self.base is not None:  # the full cache that pairs with the null
+            paired = {t: _partner(arms[self.base][t], self.every, self.full, Role.REFERENCE) for t in tasks}
+            arms[self.full] = {**arms[self.full], **{t: run for t, run in paired.items() if run is not None}}
+        self.arms = arms
+        self.pooled = {arm: self.own(arm, "scores") for arm in arms}
+        self.nulls = {arm: self.partner_runs(arm, self.base, Role.NULL) for arm in arms}
+        self.fulls = {arm: self.partner_runs(arm, self.full, Role.REFERENCE) for arm in arms}
+
+    def own(self, arm: Arm, field: str) -> Scores:
+        return pool({t: getattr(self.summaries[self.arms[arm][t].run_id], field) for t in self.tasks})
+
+    def partner_runs(self, arm: Arm, other: Arm | None, role: Role) -> dict[str, StoredRun]:
         """Task -> the other arm's run that pairs with this arm's; empty unless every task has one."""
+        arms, tasks = self.arms, self.tasks
         if other is None or other == arm:
             return {}
         if arm[2] == Role.REFERENCE:  # the full cache against the null: the null's runs that pair with it
@@ -299,78 +323,81 @@ def _compare_source(
                 if pairs(arms[other][t].spec, arms[arm][t].spec, Role.REFERENCE)
             }
         else:
-            found = {t: run for t in tasks if (run := _partner(arms[arm][t], every, other, role)) is not None}
+            found = {
+                t: run for t in tasks if (run := _partner(arms[arm][t], self.every, other, role)) is not None
+            }
         return found if len(found) == len(tasks) else {}
 
-    def scores(found: dict[str, StoredRun], field: str = "scores") -> dict[tuple[str, str], float] | None:
+    def scores(
+        self, found: dict[str, StoredRun], field: str = "scores"
+    ) -> dict[tuple[str, str], float] | None:
         """The runs' per-problem ``field`` (a CellSummary's per-problem mapping), pooled over tasks."""
         if not found:
             return None
-        return pool({t: getattr(summaries[run.run_id], field) for t, run in found.items()})
+        return pool({t: getattr(self.summaries[run.run_id], field) for t, run in found.items()})
 
-    nulls = {arm: partner_runs(arm, base, Role.NULL) for arm in arms}
-    fulls = {arm: partner_runs(arm, full, Role.REFERENCE) for arm in arms}
-    tested = [a for a in arms if a != base and a[2] != Role.REFERENCE and nulls[a]]
-    column = QUANTITIES[quantity]
-    margins = {a: table_margin([arms[a][t] for t in tasks], column) for a in tested}
-    family = [
-        replace(
-            compare_arms(pooled[a], scores(nulls[a]) or {}, margins[a].value),
-            margin_from=margins[a].declared_by,
-        )
-        for a in tested
-    ]
-    tests = dict(zip(tested, holm_verdicts(family, family=table_family(runs, tasks, baseline)), strict=True))
-    results = []
-    for arm, got in arms.items():
+    def tests(self, column: str) -> dict[Arm, PairedComparison]:
+        """Every policy against its null, Holm-corrected as the table's family."""
+        tested = [a for a in self.arms if a != self.base and a[2] != Role.REFERENCE and self.nulls[a]]
+        margins = {a: table_margin([self.arms[a][t] for t in self.tasks], column) for a in tested}
+        family = [
+            replace(
+                compare_arms(self.pooled[a], self.scores(self.nulls[a]) or {}, margins[a].value),
+                margin_from=margins[a].declared_by,
+            )
+            for a in tested
+        ]
+        judged = holm_verdicts(family, family=table_family(self.runs, self.tasks, self.baseline))
+        return dict(zip(tested, judged, strict=True))
+
+    def result(self, arm: Arm, test: PairedComparison | None, also: Sequence[str]) -> ArmResult:
+        """One arm's row: its scores, and its differences from the null and the full cache."""
+        got, summaries, tasks, pooled = self.arms[arm], self.summaries, self.tasks, self.pooled[arm]
         parts = [summaries[got[t].run_id] for t in tasks]
-        test, base_scores, full_scores = tests.get(arm), scores(nulls[arm]), scores(fulls[arm])
+        base_scores, full_scores = self.scores(self.nulls[arm]), self.scores(self.fulls[arm])
         if test is not None:
             vs_base = test.difference
         elif arm[2] == Role.REFERENCE and base_scores is not None:
-            vs_base = paired_difference(pooled[arm], base_scores, bounded=_bounded(pooled[arm], base_scores))
+            vs_base = paired_difference(pooled, base_scores, bounded=_bounded(pooled, base_scores))
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
-        tokens, null_tokens = own(arm, "tokens"), scores(nulls[arm], "tokens")
-        null_truncated = scores(nulls[arm], "truncated")
-        full_tokens = tokens if arm[2] == Role.REFERENCE else scores(fulls[arm], "tokens")
+        tokens, null_tokens = self.own(arm, "tokens"), self.scores(self.nulls[arm], "tokens")
+        null_truncated = self.scores(self.nulls[arm], "truncated")
+        full_tokens = tokens if arm[2] == Role.REFERENCE else self.scores(self.fulls[arm], "tokens")
         per_correct = _tokens_per_correct(parts)
-        null_parts = [summaries[run.run_id] for run in nulls[arm].values()]
-        results.append(
-            ArmResult(
-                policy=arm[0],
-                params=arm[1],
-                role=arm[2],
-                source=arm[3],
-                runs={t: got[t] for t in shown},
-                per_task={t: bootstrap_mean(list(summaries[got[t].run_id].scores.values())) for t in shown},
-                score=bootstrap_mean(list(pooled[arm].values())),
-                strict=bootstrap_mean(list(own(arm, "strict").values())),
-                truncation_rate=_rate(parts, "truncation_rate"),
-                no_answer_rate=_rate(parts, "no_answer_rate"),
-                mean_generated_tokens=_rate(parts, "mean_generated_tokens"),
-                k_over_n_avg=k_over_n_avg([got[t] for t in tasks]),
-                samples=sum(p.samples for p in parts),
-                vs_baseline=vs_base,
-                test=test,
-                vs_full=(
-                    paired_difference(pooled[arm], full_scores, bounded=_bounded(pooled[arm], full_scores))
-                    if full_scores is not None
-                    else None
-                ),
-                lengthening=_ratio_of_means(tokens, full_tokens or {}),
-                tokens_per_correct=per_correct,
-                tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
-                truncation_vs_baseline=(
-                    paired_difference(own(arm, "truncated"), null_truncated) if null_truncated else None
-                ),
-                tokens_per_correct_vs_baseline=(
-                    per_correct - _tokens_per_correct(null_parts) if null_parts else math.nan
-                ),
-            )
+        null_parts = [summaries[run.run_id] for run in self.nulls[arm].values()]
+        return ArmResult(
+            policy=arm[0],
+            params=arm[1],
+            role=arm[2],
+            source=arm[3],
+            runs={t: got[t] for t in shown},
+            per_task={t: bootstrap_mean(list(summaries[got[t].run_id].scores.values())) for t in shown},
+            score=bootstrap_mean(list(pooled.values())),
+            strict=bootstrap_mean(list(self.own(arm, "strict").values())),
+            truncation_rate=_rate(parts, "truncation_rate"),
+            no_answer_rate=_rate(parts, "no_answer_rate"),
+            mean_generated_tokens=_rate(parts, "mean_generated_tokens"),
+            k_over_n_avg=k_over_n_avg([got[t] for t in tasks]),
+            samples=sum(p.samples for p in parts),
+            vs_baseline=vs_base,
+            test=test,
+            vs_full=(
+                paired_difference(pooled, full_scores, bounded=_bounded(pooled, full_scores))
+                if full_scores is not None
+                else None
+            ),
+            lengthening=_ratio_of_means(tokens, full_tokens or {}),
+            tokens_per_correct=per_correct,
+            tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
+            truncation_vs_baseline=(
+                paired_difference(self.own(arm, "truncated"), null_truncated) if null_truncated else None
+            ),
+            tokens_per_correct_vs_baseline=(
+                per_correct - _tokens_per_correct(null_parts) if null_parts else math.nan
+            ),
         )
-    return results
 
 
 def table_margin(runs: Sequence[StoredRun], column: str) -> Margin:
