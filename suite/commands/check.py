@@ -16,7 +16,9 @@ from rich.text import Text
 from kvbench.commands.common import console
 
 if TYPE_CHECKING:
-    from kvbench.results.check import CellResult
+    from collections.abc import Sequence
+
+    from kvbench.results.check import CellResult, Finding
     from kvbench.runner.cell import Cell
 
 
@@ -43,6 +45,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--all", action="store_true", help="list unchanged cells too")
     check.add_argument("--quiet", action="store_true", help="no progress bar")
     check.set_defaults(func=check_command)
+
+
+def _findings_table(findings: Sequence[Finding], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("cell", no_wrap=True)  # whole, so that a log can be searched for it
+    for column in ("reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
+        table.add_column(column)
+    for f in findings:
+        table.add_row(
+            f.key,
+            _estimate(f.reference),
+            _estimate(f.now),
+            "—" if f.tolerance is None else f"{f.tolerance:.4f}",
+            Text(f.status, style="red") if f.fails else f.status,
+            f.detail,
+        )
+    return table
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -104,20 +123,7 @@ def check_command(args: argparse.Namespace) -> int:
     findings = compare_with_reference(results, reference, manifest.environment_changes(current))
     shown = [f for f in findings if args.all or f.status != "same"]
     if shown:
-        table = Table(title=f"kvbench check: suite {suite.name} against {path}")
-        table.add_column("cell", no_wrap=True)  # whole, so that a log can be searched for it
-        for column in ("reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
-            table.add_column(column)
-        for f in shown:
-            table.add_row(
-                f.key,
-                _estimate(f.reference),
-                _estimate(f.now),
-                "—" if f.tolerance is None else f"{f.tolerance:.4f}",
-                Text(f.status, style="red") if f.fails else f.status,
-                f.detail,
-            )
-        console.print(table)
+        console.print(_findings_table(shown, f"kvbench check: suite {suite.name} against {path}"))
     failed = [f for f in findings if f.fails]
     same = sum(f.status == "same" for f in findings)
     console.print(

@@ -7,12 +7,13 @@ import inspect
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import distributions
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import yaml
 
 import kvbench
@@ -164,6 +165,37 @@ def _member(staging: Path, members: dict[str, Path], folder: str, name: str, tex
     return member
 
 
+def _pack_run(
+    run: StoredRun,
+    staging: Path,
+    members: dict[str, Path],
+    suite: str | None,
+    sources: Mapping[str, Path],
+    con: duckdb.DuckDBPyConnection,
+    samples: int,
+) -> BundleCell:
+    """Adds one run's manifest, shards, suite, protocol and scorer to ``members``; its bundle.json entry."""
+    members[f"runs/{run.run_id}/manifest.json"] = run.folder / "manifest.json"
+    members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
+    suite_member = _member(staging, members, "suites", *_suite_text(run, suite))
+    protocol_member = _member(staging, members, "protocols", run.spec.protocol.name, _protocol_text(run))
+    policy = run.spec.policy.name
+    scorer_member = f"scorers/{policy}.py" if policy in sources else None
+    if scorer_member:
+        _check_name("policy", policy)
+        members[scorer_member] = sources[policy]
+    return BundleCell(
+        run_id=run.run_id,
+        role=run.role,
+        label=run.manifest.label,
+        output_digest=outputs_digest(con, run.run_id),
+        samples=samples,
+        suite=suite_member,
+        protocol=protocol_member,
+        scorer=scorer_member,
+    )
+
+
 def export(
     root: Path,
     destination: Path,
@@ -199,29 +231,7 @@ def export(
         for run in chosen:
             if not counts.get(run.run_id):
                 raise PrerequisiteError(f"run {run.run_id} ({run.manifest.label}) has no samples yet")
-            members[f"runs/{run.run_id}/manifest.json"] = run.folder / "manifest.json"
-            members |= {f"runs/{run.run_id}/{shard.name}": shard for shard in run.shards}
-            suite_member = _member(staging, members, "suites", *_suite_text(run, suite))
-            protocol_member = _member(
-                staging, members, "protocols", run.spec.protocol.name, _protocol_text(run)
-            )
-            policy = run.spec.policy.name
-            scorer_member = f"scorers/{policy}.py" if policy in sources else None
-            if scorer_member:
-                _check_name("policy", policy)
-                members[scorer_member] = sources[policy]
-            cells.append(
-                BundleCell(
-                    run_id=run.run_id,
-                    role=run.role,
-                    label=run.manifest.label,
-                    output_digest=outputs_digest(con, run.run_id),
-                    samples=counts[run.run_id],
-                    suite=suite_member,
-                    protocol=protocol_member,
-                    scorer=scorer_member,
-                )
-            )
+            cells.append(_pack_run(run, staging, members, suite, sources, con, counts[run.run_id]))
         (staging / ENVIRONMENT).write_text(json.dumps(_environment(chosen), indent=1, default=str))
         members[ENVIRONMENT] = staging / ENVIRONMENT
         manifest = BundleManifest(
