@@ -107,10 +107,12 @@ class RunManifest(Provenance):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _role_into_spec(cls, value: Any) -> Any:
-        role = value.get("role") or Role.POLICY if isinstance(value, dict) else None
-        if role in Role._value2member_map_ and isinstance(value.get("spec"), dict):  # else `role` is named
-            value = {**value, "spec": {**value["spec"], "role": role}}
-        return value
+        if not isinstance(value, dict) or not isinstance(value.get("spec"), dict):
+            return value
+        role = value.get("role") or Role.POLICY
+        if role not in {r.value for r in Role}:  # left as it is: the `role` field's check names it
+            return value
+        return {**value, "spec": {**value["spec"], "role": role}}
 
     @pydantic.field_serializer("spec")
     def _record(self, spec: ResolvedSpec) -> dict[str, Any]:
