@@ -1,7 +1,7 @@
-"""A request's large tensors through a file in memory that both processes map, instead of through the pipe.
+"""A request's tensors through a file in memory that both processes map, instead of through the pipe.
 
 Through the pipe, a batch-16 event's 270 MB of keys and values were copied six times (a contiguous clone,
-safetensors' bytes, the frame, the pipe, the read, the tensors) at a few hundred MB/s. Through the arena
+the encoded bytes, the frame, the pipe, the read, the tensors) at a few hundred MB/s. Through the arena
 they are copied once: the parent writes them into a file of a tmpfs (/dev/shm where there is one) and
 names the file, each tensor's dtype, shape and offset in the request's header; the child maps the file and
 reads them in place.
@@ -10,8 +10,8 @@ The child cannot change what the parent reads: the arena's folder is bound read-
 its files are the parent's (mode 0644), and the child maps them privately (a write of its own makes its
 own copy of the page). It cannot shrink a file under the parent's mapping either. Replies still come back
 through the pipe, where the parent checks every shape, dtype and length before using them (no pickle on
-either side). A header naming another file, a dtype outside DTYPES, or a tensor past the file's end is a
-WireError on the child's side.
+either side). A header naming another file, or a layout that kvbench.isolation.wire refuses (a dtype
+outside its DTYPES, a tensor past the file's end), is a WireError on the child's side.
 """
 
 from __future__ import annotations
@@ -24,18 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from kvbench.isolation import wire
 from kvbench.isolation.wire import WireError
 
-SMALLEST = 64 << 10
-"""Tensors under this many bytes stay in the pipe's frame: a mapping is worth it for the big ones only."""
-ALIGN = 64
-_KNOWN = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
-DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d for d in (*_KNOWN, torch.int8, torch.uint8, torch.bool)
-}
 FILE_NAME = re.compile(r"[0-9]{1,9}\.arena")
 
 
@@ -59,25 +52,24 @@ class Arena:
     def place(
         self, tensors: dict[str, Tensor], later: frozenset[str] = frozenset()
     ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """Write the large CPU tensors into the arena: (their layout for the header, the ones left for the
-        pipe). The layout is empty when every tensor is small. Those named in ``later`` get their room but
-        are written only if ``deliver`` asks for them, before the next ``place``."""
-        large = {k: t for k, t in tensors.items() if t.device.type == "cpu" and _bytes(t) >= SMALLEST}
+        """Write the CPU tensors into the arena: (their layout for the header, the ones left for the pipe:
+        empty ones, and those on another device). Small ones come too: a copy into the mapping costs less
+        than a frame's bytes on both sides, and a frame of JSON alone is read at once. The layout
+        is empty when no tensor is placed. Those named in ``later`` get their room but are written only if
+        ``deliver`` asks for them, before the next ``place``."""
+        placed = {k: t for k, t in tensors.items() if t.device.type == "cpu" and _bytes(t) > 0}
         self.pending = {}
-        if not large:
+        if not placed:
             return {}, tensors
-        offsets, end = {}, 0
-        for name, t in large.items():
-            offsets[name] = end
-            end += -(-_bytes(t) // ALIGN) * ALIGN
+        room, end = wire.place(placed)
         if self.view is None or end > len(self.view):
             try:
                 self._grow(end)
             except OSError:  # the tmpfs is full (a container's /dev/shm is 64 MiB): the pipe carries all
                 return {}, tensors
-        self.pending = {k: (t, offsets[k]) for k, t in large.items() if k in later}
-        layout = self._write({k: (t, offsets[k]) for k, t in large.items() if k not in later})
-        left = {k: t for k, t in tensors.items() if k not in large}
+        self.pending = {k: room[k] for k in placed if k in later}
+        layout = self._write({k: room[k] for k in placed if k not in later})
+        left = {k: t for k, t in tensors.items() if k not in placed}
         return {"file": self.name, "tensors": layout, "later": sorted(self.pending)}, left
 
     def deliver(self, names: list[str]) -> dict[str, Any]:
@@ -87,13 +79,8 @@ class Arena:
 
     def _write(self, placed: dict[str, tuple[Tensor, int]]) -> dict[str, Any]:
         assert self.view is not None
-        layout = {}
-        for name, (t, offset) in placed.items():
-            target = torch.frombuffer(self.view, dtype=t.dtype, count=t.numel(), offset=offset)
-            target.view(t.shape).copy_(t)
-            dtype = str(t.dtype).removeprefix("torch.")
-            layout[name] = {"dtype": dtype, "shape": list(t.shape), "offset": offset}
-        return layout
+        wire.write_at(self.view, placed)
+        return wire.layout(placed)
 
     def _grow(self, needed: int) -> None:
         """A new, larger file (the child maps it at its next request); the old one is unlinked at once, its
@@ -150,20 +137,4 @@ class ArenaReader:
                 self.view = mmap.mmap(file.fileno(), 0, **private)
             self.path = path
         assert self.view is not None
-        return {name: self._tensor(name, entry) for name, entry in spec["tensors"].items()}
-
-    def _tensor(self, name: str, entry: Any) -> Tensor:
-        try:
-            dtype = DTYPES[entry["dtype"]]
-            shape = [int(s) for s in entry["shape"]]
-            offset = int(entry["offset"])
-        except (KeyError, TypeError, ValueError):
-            raise WireError(f"arena tensor {name!r}: not {{dtype, shape, offset}} of a known dtype") from None
-        count = 1
-        for size in shape:
-            count *= size
-        if min(shape, default=0) < 0 or offset < 0 or offset + count * dtype.itemsize > len(self.view or b""):
-            raise WireError(f"arena tensor {name!r}: shape {shape} at offset {offset} ends past the file")
-        if count == 0:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(self.view, dtype=dtype, count=count, offset=offset).view(shape)
+        return wire.tensors_at(self.view, spec["tensors"])

@@ -3,6 +3,7 @@ the tree when it works past its allowance between calls (kvbench.isolation.host)
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import threading
@@ -42,44 +43,55 @@ class CpuWatch:
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds (user and system) of process ``root`` and every process below it, those it has reaped
     included: bubblewrap's init reaps what its children leave, so no process of the tree escapes. Read from
-    /proc, not psutil: the GPU check imports the isolation host on a GPU node that has no psutil."""
-    try:
-        tree = _descendants(root)
-    except FileNotFoundError:  # a kernel without /proc/PID/task/TID/children: walk every process
-        tree = _descendants_by_walk(root)
-    total = 0
-    for pid in tree:
-        try:
-            total += sum(int(f) for f in _stat(pid)[11:15])  # utime stime cutime cstime
-        except OSError:  # it ended; its parent's cutime and cstime hold it once reaped
-            continue
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
-
-
-def _descendants(root: int) -> list[int]:
-    """``root`` and the processes below it, from each thread's list of the children it started: a few
-    reads per event, where walking every process of the machine cost milliseconds per event."""
-    if not Path(f"/proc/{root}/task/{root}/children").exists() and Path(f"/proc/{root}").exists():
-        raise FileNotFoundError("no /proc/PID/task/TID/children here")
-    found, stack = [], [root]
-    while stack:
+    /proc, not psutil: the GPU check imports the isolation host on a GPU node that has no psutil. Paid after
+    every call, so each file is read with one system call and no text decoding."""
+    if not _has_children_lists():
+        return sum(_ticks(pid) for pid in _descendants_by_walk(root)) / os.sysconf("SC_CLK_TCK")
+    ticks, stack = 0, [root]
+    while stack:  # each thread's list of the children it started: a few reads, not a walk of every process
         pid = stack.pop()
-        found.append(pid)
+        ticks += _ticks(pid)
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
+        except OSError:  # it ended
             continue
         for task in tasks:
             try:
-                stack += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+                stack += map(int, _read(f"/proc/{pid}/task/{task}/children").split())
             except OSError:
                 continue
-    return found
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _has_children_lists() -> bool:
+    """Whether this kernel lists each thread's children (/proc/PID/task/TID/children)."""
+    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
+
+
+def _read(path: str) -> bytes:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(descriptor, 4096)]
+        while chunks[-1]:  # a list of many children is longer than one read
+            chunks.append(os.read(descriptor, 4096))
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
+
+
+def _ticks(pid: int) -> int:
+    """utime, stime, cutime and cstime of ``pid``, in clock ticks; 0 once it has ended, when its parent's
+    cutime and cstime hold it (once reaped)."""
+    try:
+        return sum(map(int, _stat(pid)[11:15]))
+    except OSError:
+        return 0
+
+
+def _stat(pid: int) -> list[bytes]:
+    text = _read(f"/proc/{pid}/stat")
+    return text[text.rindex(b")") + 2 :].split()  # after the command's name, which may hold spaces
 
 
 def _descendants_by_walk(root: int) -> list[int]:

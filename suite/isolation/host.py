@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import selectors
@@ -50,6 +51,9 @@ from kvbench.isolation.cpu import CpuWatch
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
 INSIDE = "/scorer"
+PIPE_BYTES = 1 << 20
+"""Each pipe's room (64 KiB by default, 1 MiB the default cap for a user): a batch's reply crosses in one
+write and is read at once, where it took a wake-up of each side per 64 KiB."""
 ARENA_INSIDE = "/arena"  # the request's large tensors (kvbench.isolation.arena), bound read-only
 
 
@@ -260,6 +264,8 @@ class _Pipes:
                                     (stdin, self.writable, selectors.EVENT_WRITE)):  # fmt: skip
             os.set_blocking(fd, False)
             selector.register(fd, event)
+            with contextlib.suppress(OSError):  # a kernel's cap below it: the pipe stays as it is
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
     def read(self, count: int) -> bytes:
         """Up to ``count`` bytes; a frame's lengths, header and payload come from as few reads as the pipe

@@ -1,23 +1,31 @@
 """One message between the parent and an isolated scorer: a JSON header and named tensors.
 
-Tensors travel as safetensors bytes, which carry only dtypes, shapes and data: nothing a reader
-executes (no pickle on either side). A frame is ``len(header) header len(payload) payload``, each
-length an 8-byte big-endian integer, so that a reader knows what to expect before it reads.
+A frame is ``len(head) head len(payload) payload``, each length an 8-byte big-endian integer, so that a
+reader knows what to expect before it reads. ``head`` is the JSON array ``[header, layout]``; the layout
+gives each tensor's dtype, shape and offset in the payload, which holds their bytes and nothing else:
+nothing a reader executes (no pickle on either side). The arena (kvbench.isolation.arena) lays out the
+large tensors of a request the same way in a file both sides map, so one reader checks both: a dtype
+outside DTYPES, a shape that is not a list of sizes, a tensor past the end or two that overlap is a
+WireError.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from typing import Any, BinaryIO
 
-from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
+import torch
 from torch import Tensor
 
 LENGTH = struct.Struct(">Q")
 MAX_HEADER = 1 << 20
+ALIGN = 64
+_KNOWN = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d for d in (*_KNOWN, torch.int8, torch.uint8, torch.bool)
+}
 
 Frame = tuple[dict[str, Any], dict[str, Tensor]]
 
@@ -26,11 +34,69 @@ class WireError(Exception):
     """A frame that is cut short, too large, or not in the format."""
 
 
-def encode(header: dict[str, Any], tensors: dict[str, Tensor]) -> bytes:
-    head = json.dumps(header).encode()
-    cpu = {name: t.detach().to("cpu").contiguous().clone() for name, t in tensors.items()}
-    payload = save_tensors(cpu) if cpu else b""
-    return LENGTH.pack(len(head)) + head + LENGTH.pack(len(payload)) + payload
+def place(tensors: dict[str, Tensor], start: int = 0) -> tuple[dict[str, tuple[Tensor, int]], int]:
+    """Each tensor with its offset, aligned, from ``start``; and the end of the last."""
+    placed, end = {}, start
+    for name, t in tensors.items():
+        placed[name] = (t, end)
+        end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return placed, end
+
+
+def layout(placed: dict[str, tuple[Tensor, int]]) -> dict[str, Any]:
+    """What a reader needs of each placed tensor: its dtype, shape and offset."""
+    return {
+        name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": offset}
+        for name, (t, offset) in placed.items()
+    }
+
+
+def write_at(buffer: Any, placed: dict[str, tuple[Tensor, int]]) -> None:
+    """Copy each tensor into ``buffer`` at its offset."""
+    for t, offset in placed.values():
+        if t.numel():
+            torch.frombuffer(buffer, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape).copy_(t)
+
+
+def tensors_at(buffer: Any, layout: Any) -> dict[str, Tensor]:
+    """The tensors ``layout`` places in ``buffer``, read in place; WireError for a layout not in the format,
+    a tensor past the buffer's end, or two tensors that overlap."""
+    if not isinstance(layout, dict):
+        raise WireError("a tensor layout that is not an object")
+    spans, tensors = [], {}
+    for name, entry in layout.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = [int(s) for s in entry["shape"]]
+            offset = int(entry["offset"])
+        except (KeyError, TypeError, ValueError):
+            raise WireError(f"tensor {name!r}: not {{dtype, shape, offset}} of a known dtype") from None
+        count = 1
+        for size in shape:
+            count *= size
+        if min(shape, default=0) < 0 or offset < 0 or offset + count * dtype.itemsize > len(buffer):
+            raise WireError(f"tensor {name!r}: shape {shape} at offset {offset} ends past the data")
+        if count:
+            spans.append((offset, offset + count * dtype.itemsize, name))
+            tensors[name] = torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
+        else:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+    spans.sort()
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise WireError(f"tensors {first!r} and {second!r} overlap")
+    return tensors
+
+
+def encode(header: dict[str, Any], tensors: dict[str, Tensor]) -> bytearray:
+    placed, size = place({name: t.detach().to("cpu") for name, t in tensors.items()})
+    head = json.dumps([header, layout(placed)]).encode()
+    frame = bytearray(2 * LENGTH.size + len(head) + size)
+    LENGTH.pack_into(frame, 0, len(head))
+    frame[LENGTH.size : LENGTH.size + len(head)] = head
+    LENGTH.pack_into(frame, LENGTH.size + len(head), size)
+    write_at(memoryview(frame)[2 * LENGTH.size + len(head) :], placed)
+    return frame
 
 
 def write(stream: BinaryIO, header: dict[str, Any], tensors: dict[str, Tensor]) -> None:
@@ -40,35 +106,31 @@ def write(stream: BinaryIO, header: dict[str, Any], tensors: dict[str, Tensor]) 
 
 def read(stream: Any, max_payload: int) -> Frame:
     """The next frame; WireError when the stream ends inside it, a length is over its cap, or its header
-    or payload is not in the format."""
+    or layout is not in the format."""
     head_length = _length(stream)
     if head_length > MAX_HEADER:
         raise WireError(f"a header of {head_length} bytes (at most {MAX_HEADER})")
     try:
-        header = json.loads(_exactly(stream, head_length))
+        head = json.loads(_exactly(stream, head_length))
     except (ValueError, RecursionError) as exc:
         raise WireError(f"a header that is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise WireError("a header that is not a JSON object")
+    if not (isinstance(head, list) and len(head) == 2 and isinstance(head[0], dict)):
+        raise WireError("a header that is not [a JSON object, a tensor layout]")
     payload_length = _length(stream)
     if payload_length > max_payload:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
-    payload = _exactly(stream, payload_length)
-    try:
-        return header, (dict(load_tensors(payload)) if payload else {})
-    except SafetensorError as exc:
-        raise WireError(f"a payload that is not safetensors ({exc})") from None
+    return head[0], tensors_at(_exactly(stream, payload_length), head[1])
 
 
 def _length(stream: Any) -> int:
     return int(LENGTH.unpack(_exactly(stream, LENGTH.size))[0])
 
 
-def _exactly(stream: Any, count: int) -> bytes:
+def _exactly(stream: Any, count: int) -> bytearray:
     data = bytearray()
     while len(data) < count:
         chunk = stream.read(count - len(data))
         if not chunk:
             raise WireError(f"the stream ended after {len(data)} of {count} bytes")
         data += chunk
-    return bytes(data)
+    return data
