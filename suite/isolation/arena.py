@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from kvbench.isolation import wire
@@ -123,6 +124,7 @@ class ArenaReader:
     def __init__(self) -> None:
         self.path = ""
         self.view: mmap.mmap | None = None
+        self.data = torch.empty(0, dtype=torch.uint8)  # the mapping's bytes
 
     def tensors(self, spec: Any) -> dict[str, Tensor]:
         if not isinstance(spec, dict) or not isinstance(spec.get("tensors"), dict):
@@ -135,6 +137,6 @@ class ArenaReader:
             with open(path, "rb") as file:
                 private = {"flags": mmap.MAP_PRIVATE, "prot": mmap.PROT_READ | mmap.PROT_WRITE}
                 self.view = mmap.mmap(file.fileno(), 0, **private)
+            self.data = torch.frombuffer(self.view, dtype=torch.uint8)
             self.path = path
-        assert self.view is not None
-        return wire.tensors_at(self.view, spec["tensors"])
+        return wire.tensors_at(self.data, spec["tensors"])

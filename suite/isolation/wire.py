@@ -58,9 +58,10 @@ def write_at(buffer: Any, placed: dict[str, tuple[Tensor, int]]) -> None:
             torch.frombuffer(buffer, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape).copy_(t)
 
 
-def tensors_at(buffer: Any, layout: Any) -> dict[str, Tensor]:
-    """The tensors ``layout`` places in ``buffer``, read in place; WireError for a layout not in the format,
-    a tensor past the buffer's end, or two tensors that overlap."""
+def tensors_at(data: Tensor, layout: Any) -> dict[str, Tensor]:
+    """The tensors ``layout`` places in ``data`` (bytes, as a 1-D uint8 tensor), read in place; WireError
+    for a layout not in the format, a tensor past the end, one not aligned to its element size, or two
+    that overlap."""
     if not isinstance(layout, dict):
         raise WireError("a tensor layout that is not an object")
     spans, tensors = [], {}
@@ -71,16 +72,15 @@ def tensors_at(buffer: Any, layout: Any) -> dict[str, Tensor]:
             offset = int(entry["offset"])
         except (KeyError, TypeError, ValueError):
             raise WireError(f"tensor {name!r}: not {{dtype, shape, offset}} of a known dtype") from None
-        count = 1
-        for size in shape:
-            count *= size
-        if min(shape, default=0) < 0 or offset < 0 or offset + count * dtype.itemsize > len(buffer):
+        size = dtype.itemsize
+        for extent in shape:
+            size *= extent
+        if min(shape, default=0) < 0 or offset < 0 or offset + size > data.numel():
             raise WireError(f"tensor {name!r}: shape {shape} at offset {offset} ends past the data")
-        if count:
-            spans.append((offset, offset + count * dtype.itemsize, name))
-            tensors[name] = torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
-        else:
-            tensors[name] = torch.empty(shape, dtype=dtype)
+        if offset % dtype.itemsize:
+            raise WireError(f"tensor {name!r}: offset {offset} is not a multiple of its element size")
+        spans.append((offset, offset + size, name))
+        tensors[name] = data[offset : offset + size].view(dtype).view(shape)
     spans.sort()
     for (_, end, first), (start, _, second) in itertools.pairwise(spans):
         if start < end:
@@ -119,7 +119,10 @@ def read(stream: Any, max_payload: int) -> Frame:
     payload_length = _length(stream)
     if payload_length > max_payload:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
-    return head[0], tensors_at(_exactly(stream, payload_length), head[1])
+    # read into memory torch owns: a tensor over a Python buffer outlives it badly at interpreter exit
+    payload = torch.empty(payload_length, dtype=torch.uint8)
+    _fill(stream, memoryview(payload.numpy()))
+    return head[0], tensors_at(payload, head[1])
 
 
 def _length(stream: Any) -> int:
@@ -127,10 +130,17 @@ def _length(stream: Any) -> int:
 
 
 def _exactly(stream: Any, count: int) -> bytearray:
-    data = bytearray()
-    while len(data) < count:
-        chunk = stream.read(count - len(data))
-        if not chunk:
-            raise WireError(f"the stream ended after {len(data)} of {count} bytes")
-        data += chunk
+    data = bytearray(count)
+    _fill(stream, memoryview(data))
     return data
+
+
+def _fill(stream: Any, into: memoryview) -> None:
+    """Fill ``into`` with the next bytes of ``stream``; WireError when it ends first."""
+    done = 0
+    while done < len(into):
+        chunk = stream.read(len(into) - done)
+        if not chunk:
+            raise WireError(f"the stream ended after {done} of {len(into)} bytes")
+        into[done : done + len(chunk)] = chunk
+        done += len(chunk)

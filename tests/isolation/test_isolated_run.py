@@ -3,6 +3,7 @@ in-process one does (one run identity, one output digest), and one that hangs is
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -84,3 +85,19 @@ def test_a_scorer_whose_import_stalls_is_stopped_at_scorer_seconds(tmp_path: Pat
     assert "scorer slow.py:SlowImport: no answer within 2 s, the time limit per call (--scorer-seconds" in (
         done.stderr
     ), done.stderr
+
+
+def test_bench_evict_times_an_isolated_scorer_beside_in_process_and_exits_cleanly(tmp_path: Path) -> None:
+    """The isolated arm's tensors (its replies, kept in the layer state to the end) leave the interpreter
+    cleanly: the command exits 0, where tensors over a Python buffer once aborted it at exit."""
+    (tmp_path / "mine.py").write_text(SCORER)
+    out = tmp_path / "bench.json"
+    shape = ["--batch", "1", "--budget", "256", "--buffer", "32", "--min-time", "0.05"]
+    done = subprocess.run(
+        [KVBENCH, "bench", "evict", "--isolated", "mine.py:JitteredNorm", *shape, "--json", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0 and "terminate" not in done.stderr, done.stderr
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"random", "jittered-norm (in process)", "jittered-norm (isolated)"}
+    assert all(r["ms_per_event"] > 0 for r in rows.values())

@@ -48,12 +48,16 @@ def _layout(**entries: tuple[str, list[int], int]) -> dict:
         (json.dumps([{}, _layout(t=("object", [1], 0))]).encode(), b"abcdefgh"),  # a dtype outside DTYPES
         (json.dumps([{}, _layout(t=("float32", [3], 0))]).encode(), b"abcdefgh"),  # past the payload's end
         (json.dumps([{}, _layout(t=("float32", [-1, 2], 0))]).encode(), b"abcdefgh"),  # a negative size
+        (json.dumps([{}, _layout(t=("int32", [1], 2))]).encode(), b"abcdefgh"),  # not aligned
         (
             json.dumps([{}, _layout(a=("int32", [2], 0), b=("int16", [2], 4))]).encode(),
             b"abcdefgh",
         ),  # overlap
     ],
-    ids=["not json", "nested", "not an object", "no layout", "dtype", "past the end", "negative", "overlap"],
+    ids=[
+        *("not json", "nested", "not an object", "no layout", "dtype"),
+        *("past the end", "negative", "unaligned", "overlap"),
+    ],
 )
 def test_a_frame_not_in_the_format_is_a_wire_error(header: bytes, payload: bytes) -> None:
     with pytest.raises(wire.WireError):
