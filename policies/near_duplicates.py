@@ -59,7 +59,9 @@ def newest_near_duplicates(
     search.block(search.newest < 0, newest_start, n)
     maxima = None
     if newest_start and bool((search.newest < 0).all()):  # few near-duplicates: screen all blocks at once
-        screened, maxima = newest_start, _block_maxima(search.coarse, newest_start, scratch)
+        # over every column, the newest (searched already) among them: a whole last block reduces faster
+        # than one cut short, and a block flagged for them alone is searched short of them
+        screened, maxima = newest_start, _block_maxima(search.coarse, scratch)
     else:
         screened = max(0, n - NEWEST_COLUMNS)
         search.block(search.newest < 0, screened, newest_start)
@@ -71,12 +73,12 @@ def newest_near_duplicates(
     return search.newest, search.similarity
 
 
-def _block_maxima(coarse: Tensor, region: int, scratch: Scratch) -> Tensor:
+def _block_maxima(coarse: Tensor, scratch: Scratch) -> Tensor:
     """[G, n, blocks] int16: each row's largest screened similarity (as bf16 bits) in each block of
-    COLUMNS of the columns [0, region), the last block possibly shorter: one KV head at a time, its rows
-    (SCREEN_BYTES permitting) against all its columns in one product."""
+    COLUMNS columns, the last block possibly shorter: one KV head at a time, its rows (SCREEN_BYTES
+    permitting) against all its columns in one product."""
     groups, n, _ = coarse.shape
-    whole, rest = divmod(region, COLUMNS)
+    whole, rest = divmod(n, COLUMNS)
     maxima = torch.empty(groups, n, whole + (rest > 0), dtype=torch.int16, device=coarse.device)
     step = max(COLUMNS, SCREEN_BYTES // (2 * n) // COLUMNS * COLUMNS)
     space = scratch.take("products", (min(step, n) * n,), coarse.dtype, coarse.device)
@@ -91,7 +93,7 @@ def _block_maxima(coarse: Tensor, region: int, scratch: Scratch) -> Tensor:
                 blocks = bits[:, : whole * COLUMNS].unflatten(-1, (whole, COLUMNS))
                 torch.amax(blocks, dim=-1, out=maxima[group, first:last, :whole])
             if rest:
-                torch.amax(bits[:, whole * COLUMNS : region], dim=-1, out=maxima[group, first:last, whole])
+                torch.amax(bits[:, whole * COLUMNS :], dim=-1, out=maxima[group, first:last, whole])
     return maxima
 
 
