@@ -242,7 +242,6 @@ def make_cache(
     cache.budget = KVBudget(
         tokens=schedule.budget,
         bytes=per_head * loaded.facts.num_layers * loaded.facts.num_kv_heads,
-        full_bytes_per_token=cost.full * loaded.facts.num_layers * loaded.facts.num_kv_heads,
     )
     return cache
 

@@ -128,10 +128,6 @@ class MemoryPlan:
         """Whether anything bounds a micro-batch (else every problem's samples decode at once)."""
         return self.device is not None or self.max_batch is not None
 
-    def batch(self, run_id: str) -> int | None:
-        """The micro-batch of a planned cell; None for a cell the plan does not cover (teacher-forced)."""
-        return next((arm.batch for arm in self.arms if arm.run_id == run_id), None)
-
     def arm(self, run_id: str) -> ArmPlan | None:
         return next((arm for arm in self.arms if arm.run_id == run_id), None)
 
