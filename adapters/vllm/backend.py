@@ -169,11 +169,8 @@ class VLLMBackend(LoadedTokens):
 
     def preemptions(self) -> int:
         """Preemptions the engine counted since it started (vLLM's own metric)."""
-        total = 0
-        for metric in self.llm.get_metrics():
-            if metric.name == "vllm:num_preemptions":
-                total += int(getattr(metric, "value", 0))
-        return total
+        metrics = self.llm.get_metrics()
+        return sum(int(getattr(m, "value", 0)) for m in metrics if m.name == "vllm:num_preemptions")
 
     def _refuse_preemption(self) -> None:
         count = self.preemptions()
