@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
@@ -188,17 +189,10 @@ def _store(
         copy_samples(checked.samples, con, "run_id = ?", [h["identity"]], run_id=h["run_id"])
     if submission is None:
         return
-    con.execute(
-        # by name: a board made by an earlier kvbench may hold its columns in another order
-        "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
-        "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [submission[k] for k in SUBMISSION_COLUMNS],
-    )
-    columns = ("bundle_sha256", "identity", "run_id", "label", "outputs", "environment")
-    con.executemany(
-        f"INSERT INTO submission_runs ({', '.join(columns)}) VALUES (?, ?, ?, ?, ?, ?)",
-        [[h[c] for c in columns] for h in held],
-    )
+    # by name: a board made by an earlier kvbench may hold its columns in another order
+    insert_rows(con, "submissions", pa.Table.from_pylist([submission]))
+    if held:
+        insert_rows(con, "submission_runs", pa.Table.from_pylist(held))
 
 
 MIN_PREFIX = 8
