@@ -34,6 +34,7 @@ from kvbench.store.board_tables import (
     SUBMISSION_TABLES,
     board_run_id,
     scoped,
+    tables,
 )
 from kvbench.store.ingest import SCHEMA, insert_rows, publishing, reading, snapshot_of, transaction
 from kvbench.store.records import run_table
@@ -255,8 +256,7 @@ def live_submission(database: Path, sha256: str) -> bool:
     if not database.is_file():
         return False
     with reading(database) as con:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "submissions" not in tables:
+        if "submissions" not in tables(con):
             return False
         found = con.execute(
             "SELECT withdrawn_at FROM submissions WHERE bundle_sha256 = ?", [sha256]
