@@ -38,10 +38,6 @@ def bars_where_seen(shown: bool = True) -> Iterator[TextIO]:
     finally:
         if was_enabled:
             transformers_logging.enable_progress_bar()
-        stderr.write(without_bars(held.getvalue()))
+        # what was held, without its lines that hold a carriage return (a bar's redraws)
+        stderr.write("".join(line for line in io.StringIO(held.getvalue(), newline="\n") if "\r" not in line))
         stderr.flush()
-
-
-def without_bars(text: str) -> str:
-    """``text`` without its lines that hold a carriage return."""
-    return "".join(line for line in io.StringIO(text, newline="\n") if "\r" not in line)
