@@ -75,8 +75,6 @@ class KVBudget:
     """K: tokens held right after an event (a byte budget converted to tokens)."""
     bytes: int
     """What those K tokens cost, quantized ones packed (the byte budget)."""
-    full_bytes_per_token: int
-    """One token's cost in the model's precision."""
 
 
 @dataclass(frozen=True)
@@ -259,8 +257,6 @@ ADAPTERS: Registry[Callable[[], Adapter]] = Registry(
     "kvbench.adapters",
     {"hf": "kvbench.adapters.hf.backend:HFAdapter", "vllm": "kvbench.adapters.vllm.backend:VLLMAdapter"},
 )
-register_adapter = ADAPTERS.register
-"""Make an adapter available by name in this process (a plugin or a test)."""
 
 
 def find_adapter(name: str) -> Adapter:

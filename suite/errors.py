@@ -29,11 +29,6 @@ class UnknownNameError(KvbenchError, KeyError):
         return self.args[0]
 
 
-class UnknownPolicyError(UnknownNameError):
-    def __init__(self, name: str, known: Iterable[str]) -> None:
-        super().__init__("policy", name, known)
-
-
 class CapabilityError(KvbenchError):
     """A policy needs something (recent queries, per-step attention, ...) that the backend cannot give."""
 

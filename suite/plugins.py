@@ -10,7 +10,7 @@ package adds a plug-in without an edit to kvbench; it cannot take a built-in's n
 from __future__ import annotations
 
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar
 
@@ -33,7 +33,6 @@ class Registry(Generic[T]):
         builtins: Mapping[str, T | str] | Callable[[], Mapping[str, T | str]],
         adopt: Callable[[Any, str], T] = _as_loaded,
         *,
-        error: Callable[[str, Iterable[str]], UnknownNameError] | None = None,
         also_known: tuple[str, ...] = (),
     ) -> None:
         """``builtins``: name -> plug-in or ``"module:attr"`` (or a function giving them, for a scan);
@@ -42,7 +41,6 @@ class Registry(Generic[T]):
         task's ``grader: probe``, which no grader serves)."""
         self.kind, self.group, self.also_known = kind, group, also_known
         self._builtins, self._adopt = builtins, adopt
-        self._error = error or (lambda name, known: UnknownNameError(kind, name, known))
         self.registered: dict[str, T] = {}  # by name; a test patches it
 
     def builtins(self) -> Mapping[str, T | str]:
@@ -79,4 +77,4 @@ class Registry(Generic[T]):
 
     def unknown(self, name: str) -> UnknownNameError:
         """The one error for a name of this kind that nothing registers: the closest ones, then every one."""
-        return self._error(name, [*self.names(), *self.also_known])
+        return UnknownNameError(self.kind, name, [*self.names(), *self.also_known])

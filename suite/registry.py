@@ -23,7 +23,7 @@ from typing import Any
 import pydantic
 
 from kvbench.core.contract import Policy, is_policy_class, policy_name_problem
-from kvbench.errors import SpecError, UnknownPolicyError
+from kvbench.errors import SpecError
 from kvbench.plugins import Registry
 
 
@@ -75,7 +75,6 @@ POLICIES: Registry[PolicyRef] = Registry(
     "kvbench.policies",
     lambda: {ref.cls.name: ref for ref in builtin_policies().values()},  # module names are aliases
     _entry_point_policy,
-    error=UnknownPolicyError,
 )
 
 

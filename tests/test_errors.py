@@ -256,9 +256,9 @@ def test_policy_own_infinity_never_displaces_protected_slots() -> None:
 
 
 def test_an_unknown_name_lists_the_known_ones_in_plain_english() -> None:
-    from kvbench.errors import UnknownNameError, UnknownPolicyError
+    from kvbench.errors import UnknownNameError
 
-    assert str(UnknownPolicyError("snapk", ["snapkv", "random"])) == (
+    assert str(UnknownNameError("policy", "snapk", ["snapkv", "random"])) == (
         "unknown policy 'snapk'. Did you mean 'snapkv'? Known policies: random, snapkv."
     )
     assert str(UnknownNameError("suite", "fast", [])).endswith("Known suites: (none).")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.errors import SpecError, UnknownPolicyError
+from kvbench.errors import SpecError, UnknownNameError
 from kvbench.registry import (
     find_policy,
     known_policies,
@@ -64,7 +64,7 @@ def test_parameters_are_validated_typed_and_recorded() -> None:
 
 
 def test_unknown_name_lists_the_known_ones_and_suggests() -> None:
-    with pytest.raises(UnknownPolicyError) as caught:
+    with pytest.raises(UnknownNameError) as caught:
         make_policy("rvk")
     message = str(caught.value)
     assert "Did you mean 'rkv'" in message

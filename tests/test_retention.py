@@ -62,7 +62,8 @@ def _engine(backend: SyntheticBackend, row: int) -> dict[str, list[float]]:
     assert backend.evictor.retention is not None
     found = backend.evictor.retention.row(row)
     assert found is not None
-    return {"any": found.prompt_any, "all": found.prompt_all, "coverage": found.coverage, "age": found.by_age}
+    fields = (found.prompt_held_any, found.prompt_held_all, found.head_coverage, found.kept_by_age)
+    return dict(zip(("any", "all", "coverage", "age"), fields, strict=True))
 
 
 def _same(engine: dict[str, list[float]], hand: dict[str, list[float]]) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from kvbench.adapters.base import Capabilities, Generation, ModelShape, TeacherForced
@@ -82,21 +81,4 @@ class HFAdapter:
         from kvbench.adapters.hf.models import check_transformers, load_model
 
         check_transformers()
-
-        with _weight_loading_bar(progress):
-            return HFBackend(load_model(spec, device=device, attention=attention))
-
-
-@contextmanager
-def _weight_loading_bar(shown: bool) -> Iterator[None]:
-    """Quiet runs (CI logs) without transformers' weight-loading bar either; its setting is restored."""
-    from transformers.utils import logging as transformers_logging
-
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    if not shown:
-        transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            transformers_logging.enable_progress_bar()
+        return HFBackend(load_model(spec, device=device, attention=attention, progress=progress))

@@ -213,7 +213,7 @@ def make_cache(
 
     A byte budget becomes tokens here, where the model's head dimension and dtype are known.
     """
-    cost = TokenCost.of(loaded.facts.head_dim, _element_size(loaded), schedule.precision)
+    cost = TokenCost.of(loaded.facts.head_dim, loaded.model.dtype.itemsize, schedule.precision)
     schedule = schedule.in_tokens(cost)
     evictor = Evictor(
         policy,
@@ -242,10 +242,5 @@ def make_cache(
     cache.budget = KVBudget(
         tokens=schedule.budget,
         bytes=per_head * loaded.facts.num_layers * loaded.facts.num_kv_heads,
-        full_bytes_per_token=cost.full * loaded.facts.num_layers * loaded.facts.num_kv_heads,
     )
     return cache
-
-
-def _element_size(loaded: Any) -> int:
-    return torch.empty((), dtype=loaded.model.dtype).element_size()

@@ -64,7 +64,6 @@ def generate(
     stop_strings: Sequence[str] = (),
     calibration: Any = None,
     refuse_capped_prompt: bool = False,
-    progress: bool = False,
     on_step: Callable[[EvictingCache], None] | None = None,
 ) -> Generation:
     """Decode len(sample_seeds) samples of one prompt under ``policy``.
@@ -97,7 +96,6 @@ def generate(
     tokens: list[list[int]] = [[] for _ in range(k)]
     finished: dict[int, Sample] = {}
     started = time.perf_counter()
-    bar = _progress(progress, max_new_tokens)
     for step in range(max_new_tokens):
         next_tokens = sample_next(logits, sampling, [generators[r] for r in rows])
         for row, token in zip(rows, next_tokens.tolist(), strict=True):
@@ -122,11 +120,7 @@ def generate(
         logits = _decode_step(model, cache, next_tokens)
         if on_step is not None:
             on_step(cache)
-        if bar is not None:
-            bar.update(1)
     decode_seconds = time.perf_counter() - started
-    if bar is not None:
-        bar.close()
     samples = [finished[r] for r in range(k)]
     for sample in samples:
         sample.text = texts.cut(loaded.tokenizer.decode(sample.tokens, skip_special_tokens=True))
@@ -199,11 +193,3 @@ def _decode_step(model: Any, cache: EvictingCache, tokens: Tensor) -> Tensor:
     ).logits[:, -1]
     cache.evict_if_due()
     return logits
-
-
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="decode", unit="tok", leave=False)

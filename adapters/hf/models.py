@@ -88,8 +88,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
-def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention: str = "sdpa") -> LoadedModel:
-    """Load a model spec, a built-in model by name or a user's model YAML, ready for kvbench's cache."""
+def load_model(
+    model: str | Path | ModelSpec, *, device: str = "cpu", attention: str = "sdpa", progress: bool = True
+) -> LoadedModel:
+    """Load a model spec, a built-in model by name or a user's model YAML, ready for kvbench's cache;
+    ``progress`` allows progress bars (kvbench.adapters.hf.bars)."""
     from kvbench.adapters.hf.attention import kvbench_attention_name
 
     spec = model if isinstance(model, ModelSpec) else load_model_spec(model)
@@ -100,7 +103,7 @@ def load_model(model: str | Path | ModelSpec, *, device: str = "cpu", attention:
         )
     dtype = getattr(torch, spec.dtype)
     source = spec.source
-    with bars_where_seen() as report:
+    with bars_where_seen(progress) as report:
         if isinstance(source, GgufPackage):
             network, tokenizer, provenance = _from_gguf_package(spec, source, dtype, report)
         elif isinstance(source, HubCheckpoint):
@@ -292,10 +295,15 @@ def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         del config.quantization_config
     plain = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     plain.load_state_dict(quantised.state_dict())
+    save_checkpoint(target, plain, tokenizer)
+
+
+def save_checkpoint(target: Path, *parts: Any) -> None:
+    """``parts`` (a model, its tokenizer) saved with ``save_pretrained`` as the folder ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    plain.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    for part in parts:
+        part.save_pretrained(staging)
     try:
         staging.rename(target)  # atomic: a concurrent process either sees nothing or the whole checkpoint
     except OSError:

@@ -163,22 +163,14 @@ class VLLMBackend(LoadedTokens):
     def _reserved_bytes(self, policy: Policy, schedule: Schedule, prompt_len: int, generated: int) -> int:
         """The bytes of the KV blocks the request held at its peak (what vLLM really reserved)."""
         paged = PagedSchedule.of(schedule, prompt_len, evicts=policy.evicts)
-        facts = self.facts
-        per_slot = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * self._dtype_bytes()
+        facts, dtype_bytes = self.facts, self.loaded.model.dtype.itemsize
+        per_slot = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * dtype_bytes
         return paged.blocks(prompt_len + generated, BLOCK_SIZE) * BLOCK_SIZE * per_slot
-
-    def _dtype_bytes(self) -> int:
-        import torch
-
-        return torch.empty((), dtype=getattr(torch, self.loaded.spec.dtype)).element_size()
 
     def preemptions(self) -> int:
         """Preemptions the engine counted since it started (vLLM's own metric)."""
-        total = 0
-        for metric in self.llm.get_metrics():
-            if metric.name == "vllm:num_preemptions":
-                total += int(getattr(metric, "value", 0))
-        return total
+        metrics = self.llm.get_metrics()
+        return sum(int(getattr(m, "value", 0)) for m in metrics if m.name == "vllm:num_preemptions")
 
     def _refuse_preemption(self) -> None:
         count = self.preemptions()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from kvbench.specs.model import GgufPackage, HubCheckpoint, ModelSpec
 
 
 def materialize(spec: ModelSpec) -> tuple[Any, Path]:
-    from kvbench.adapters.hf.models import cache_root, load_model
+    from kvbench.adapters.hf.models import cache_root, load_model, save_checkpoint
 
     loaded = load_model(spec, device="cpu", attention="sdpa")
     source = spec.source
@@ -31,13 +29,7 @@ def materialize(spec: ModelSpec) -> tuple[Any, Path]:
     digest = hashlib.sha256(json.dumps(source.model_dump(), sort_keys=True).encode()).hexdigest()[:16]
     target = cache_root() / "models" / f"{spec.name}-{digest}-{spec.dtype}"
     if not (target / "config.json").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        loaded.model.save_pretrained(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
+        save_checkpoint(target, loaded.model)
     return loaded, target
 
 

@@ -1,7 +1,8 @@
-"""vLLM's worker with kvbench's evicting model runner (selected by ``worker_cls``).
+"""vLLM's CPU worker with kvbench's evicting model runner (selected by ``worker_cls``).
 
-The CPU and GPU workers differ only in their base class; both build vLLM's V1 model runner and then
-turn it into an evicting one (runner.py). ``kvbench_stats`` is reached through ``collective_rpc``.
+It builds vLLM's V1 model runner and then turns it into an evicting one (runner.py); the adapter declares
+the CPU only (docs/vllm.md: the GPU path is not done). ``kvbench_stats`` is reached through
+``collective_rpc``.
 """
 
 from __future__ import annotations
@@ -35,23 +36,11 @@ class EvictingWorkerMixin:
         return found
 
 
-def _cpu_worker() -> type:
+def __getattr__(name: str) -> type:
+    # vLLM imports worker_cls by dotted name; the class is built on that first use, so that importing this
+    # module needs no vLLM.
+    if name != "EvictingCPUWorker":
+        raise AttributeError(name)
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     return type("EvictingCPUWorker", (EvictingWorkerMixin, CPUWorker), {})
-
-
-def _gpu_worker() -> type:
-    from vllm.v1.worker.gpu_worker import Worker
-
-    return type("EvictingGPUWorker", (EvictingWorkerMixin, Worker), {})
-
-
-def __getattr__(name: str) -> type:
-    # vLLM imports worker_cls by dotted name; building the classes lazily keeps this module importable
-    # where only one of the two bases can load.
-    if name == "EvictingCPUWorker":
-        return _cpu_worker()
-    if name == "EvictingGPUWorker":
-        return _gpu_worker()
-    raise AttributeError(name)

@@ -18,7 +18,7 @@ holders per position seen and a few reductions) is computed when a sample is rea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -32,23 +32,19 @@ AGE_BUCKETS = 10
 class Retention:
     """One sample's retention at its last eviction event."""
 
-    prompt_any: list[float]
+    prompt_held_any: list[float]
     """Per layer: the share of prompt positions held by at least one KV head."""
-    prompt_all: list[float]
+    prompt_held_all: list[float]
     """Per layer: the share of prompt positions held by every KV head."""
-    coverage: list[float]
+    head_coverage: list[float]
     """Per layer: |union of the KV heads' kept positions| / (Hkv · (K − B))."""
-    by_age: list[float]
+    kept_by_age: list[float]
     """Per age bucket, oldest first: the kept share of the candidates' (position, KV head) pairs."""
 
     def record_fields(self) -> dict[str, Any]:
-        """The sample record's columns (kvbench.store.records.SampleRecord) holding this summary."""
-        return {
-            "prompt_held_any": self.prompt_any,
-            "prompt_held_all": self.prompt_all,
-            "head_coverage": self.coverage,
-            "kept_by_age": self.by_age,
-        }
+        """The sample record's columns (kvbench.store.records.SampleRecord) holding this summary: its
+        fields, which are named as those columns."""
+        return asdict(self)
 
 
 def summarize(kept: Tensor, step: int, prompt_len: int, buffer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

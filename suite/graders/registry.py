@@ -10,9 +10,11 @@ class, whose ``fields``, ``optional`` and ``sandboxed`` say what :class:`GraderE
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvbench.errors import SpecError
 from kvbench.plugins import Registry
 
 
@@ -112,6 +114,22 @@ COMMON_FIELDS = ("id", "question")
 def sandboxed(grader: str) -> bool:
     """Whether a task's grader runs model-written programs (``probe`` does not)."""
     return grader != PROBE and GRADERS.get(grader).sandboxed
+
+
+def check_code_execution(tasks: Iterable[Any], allowed: bool) -> None:
+    """Tasks (specs) that run model-written code need the user's consent and a working sandbox, checked
+    before any model loads: no weaker sandbox exists to fall back to."""
+    running_code = [t.name for t in tasks if sandboxed(t.grader)]
+    if running_code and not allowed:
+        raise SpecError(
+            f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "
+            "sandbox: no network, no host files, CPU, memory, process and wall-clock limits): pass "
+            "--allow-code-execution to run them"
+        )
+    if running_code:
+        from kvbench.graders.sandbox import Sandbox
+
+        Sandbox().check()
 
 
 def make_grader(name: str) -> Grader:

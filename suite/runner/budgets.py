@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pydantic
 
 from kvbench.errors import BudgetError
 from kvbench.runner.cell import Cell
-from kvbench.runner.identity import make_cell
 from kvbench.specs.protocol import BudgetRule
 from kvbench.specs.resolved import MeasurementRecord
 from kvbench.store.atomic import atomic_write
@@ -80,22 +80,9 @@ def settle(cell: Cell, measurement: MeasurementRecord) -> Cell:
     if cell.pending is None or cell.ratio is None:
         return cell
     budget = BudgetRule(ratio=cell.ratio).budget(measurement.measured, cell.protocol.buffer)
-    return make_cell(
-        cell.model,
-        cell.task,
-        cell.policy,
-        cell.protocol,
-        budget=budget,
-        n_avg=measurement.measured,
-        ratio=cell.ratio,
-        samples=cell.samples,
-        limit=cell.limit,
-        role=cell.role,
-        data=cell.data,
-        runtime=cell.runtime,
-        measurement=measurement,
-        suite=cell.suite,
-    )
+    settled = {"budget": budget, "n_avg": measurement.measured, "n_avg_measurement": measurement}
+    spec = cell.spec.model_copy(update=settled)  # a pending cell is never the full cache: K is its own
+    return replace(cell, budget=budget, n_avg=measurement.measured, pending=None, spec=spec)
 
 
 def check_measurable(cells: Sequence[Cell], out: Path) -> None:

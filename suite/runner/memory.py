@@ -29,6 +29,7 @@ samples are split (tests/runner/test_memory.py). The split is a run setting, nev
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -127,10 +128,6 @@ class MemoryPlan:
     def limited(self) -> bool:
         """Whether anything bounds a micro-batch (else every problem's samples decode at once)."""
         return self.device is not None or self.max_batch is not None
-
-    def batch(self, run_id: str) -> int | None:
-        """The micro-batch of a planned cell; None for a cell the plan does not cover (teacher-forced)."""
-        return next((arm.batch for arm in self.arms if arm.run_id == run_id), None)
 
     def arm(self, run_id: str) -> ArmPlan | None:
         return next((arm for arm in self.arms if arm.run_id == run_id), None)
@@ -299,12 +296,7 @@ def _refusal(need: _Need, device: int, source: str) -> str:
 
 
 def _most_tokens(need: _Need, device: int) -> int:
-    """The most new tokens with which one sample fits ``device``; 0 when none does."""
-    low, high = 0, need.max_new
-    while low < high:
-        middle = (low + high + 1) // 2
-        if need.with_tokens(middle).total(1) <= device:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    """The most new tokens with which one sample fits ``device``; 0 when none does (its need only grows
+    with the tokens, so a bisection finds it)."""
+    fitting = bisect.bisect_right(range(need.max_new + 1), device, key=lambda t: need.with_tokens(t).total(1))
+    return max(fitting - 1, 0)

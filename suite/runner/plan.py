@@ -11,7 +11,7 @@ from pathlib import Path
 from kvbench.adapters.base import find_adapter
 from kvbench.core.contract import Policy
 from kvbench.errors import SpecError
-from kvbench.graders.registry import sandboxed
+from kvbench.graders.registry import check_code_execution
 from kvbench.registry import make_policy, parse_policy_arg
 from kvbench.runner.capabilities import check_capabilities
 from kvbench.runner.cell import Cell, PendingBudget, Runtime
@@ -96,22 +96,6 @@ def _one_spec_per_name(models: list[ModelSpec]) -> None:
             )
 
 
-def _check_code_execution(tasks: list[TaskSpec], allowed: bool) -> None:
-    """Tasks that run model-written code need the user's consent and a working sandbox, checked before
-    any model loads: no weaker sandbox exists to fall back to."""
-    running_code = [t.name for t in tasks if sandboxed(t.grader)]
-    if running_code and not allowed:
-        raise SpecError(
-            f"task(s) {', '.join(running_code)} run model-written code (each test inside a bubblewrap "
-            "sandbox: no network, no host files, CPU, memory, process and wall-clock limits): pass "
-            "--allow-code-execution to run them"
-        )
-    if running_code:
-        from kvbench.graders.sandbox import Sandbox
-
-        Sandbox().check()
-
-
 def _budgets(
     request: RunRequest,
     protocol: ProtocolSpec,
@@ -153,7 +137,7 @@ def _tasks(request: RunRequest, suite: SuiteSpec) -> list[TaskSpec]:
         metrics = {listed: task_metric(task) for listed, task in zip(suite.tasks, tasks, strict=True)}
         for name, members in suite.groups.items():
             refuse_mixed_pool(f"suite {suite.name!r}, group {name!r},", {t: metrics[t] for t in members})
-    _check_code_execution(tasks, request.allow_code_execution)
+    check_code_execution(tasks, request.allow_code_execution)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}
         tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import SpecError
-from kvbench.graders.registry import make_grader, sandboxed
+from kvbench.graders.registry import check_code_execution, make_grader
 from kvbench.runner.generation_units import graded_fields
 from kvbench.runner.sources import task_source
 from kvbench.specs.model import load_model_spec, model_names
@@ -45,12 +45,7 @@ def regrade(root: Path, run: str, *, allow_code_execution: bool = False) -> Regr
         raise SpecError(f"run {folder.name} is a probe ({task.name}): its scores are not graded outputs")
     if task.visibility == "private":
         raise SpecError(f"task {task.name!r} is private: its outputs were never stored; rerun it instead")
-    if sandboxed(task.grader) and not allow_code_execution:
-        raise SpecError("re-grading code runs model-written programs: pass --allow-code-execution")
-    if sandboxed(task.grader):
-        from kvbench.graders.sandbox import Sandbox
-
-        Sandbox().check()
+    check_code_execution([task], allow_code_execution)
     grader = make_grader(task.grader)
     data = Path(spec.data.path) if spec.data is not None else None
     problems = {p.problem_id: p for p in task_source(task).problems(task, None, None, data, None)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -116,9 +117,14 @@ def validate_values(
         raise SpecError("; ".join(problems)) from None
 
 
+def spec_folder(folder: str) -> Path:
+    """Where the built-in specs of ``folder`` are: ``suite/<folder>/``, the tasks in kvbench.tasks."""
+    return Path(str(files("kvbench.tasks"))) if folder == "tasks" else SPEC_ROOT / folder
+
+
 def spec_names(folder: str) -> list[str]:
-    """Names of the built-in specs in ``suite/<folder>/`` (file stems)."""
-    return sorted(p.stem for p in (SPEC_ROOT / folder).glob("*.yaml"))
+    """Names of the built-in specs in ``folder`` (file stems)."""
+    return sorted(p.stem for p in spec_folder(folder).glob("*.yaml"))
 
 
 def find_spec_file(kind: str, folder: str, name_or_path: str) -> Path:
@@ -128,7 +134,7 @@ def find_spec_file(kind: str, folder: str, name_or_path: str) -> Path:
         if not candidate.is_file():
             raise SpecError(f"{kind} spec file {candidate} does not exist")
         return candidate
-    path = SPEC_ROOT / folder / f"{name_or_path}.yaml"
+    path = spec_folder(folder) / f"{name_or_path}.yaml"
     if not path.is_file():
         raise UnknownNameError(kind, name_or_path, spec_names(folder))
     return path

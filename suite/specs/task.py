@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
 
 from kvbench.errors import UnknownNameError
-from kvbench.specs.loading import StrictSpec, load_spec
+from kvbench.specs.loading import StrictSpec, find_spec_file, load_spec, spec_names
 from kvbench.specs.protocol import MAX_TOKENS
 
 Depth = Annotated[int, pydantic.Field(ge=0, le=MAX_TOKENS)]
@@ -289,20 +288,12 @@ class TaskSpec(StrictSpec):
         return declared
 
 
-def _task_dir() -> Path:
-    return Path(str(files("kvbench.tasks")))
-
-
 def task_names() -> list[str]:
-    return sorted(p.stem for p in _task_dir().glob("*.yaml"))
+    return spec_names("tasks")
 
 
 def load_task(name_or_path: str | Path) -> TaskSpec:
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = _task_dir() / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise UnknownNameError("task", str(name_or_path), task_names())
+    path = find_spec_file("task", "tasks", str(name_or_path))
     spec = load_spec(path, TaskSpec)
     source = spec.source
     if isinstance(source, LmEvalSource) and source.include and not Path(source.include).is_absolute():

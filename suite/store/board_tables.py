@@ -41,7 +41,8 @@ def board_run_id(identity: str, bundle_sha256: str) -> str:
     return f"{identity}-{bundle_sha256[:12]}"
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+def tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The names of the database's tables."""
     return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
 
 
@@ -53,13 +54,13 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
 def scoped(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the database stores submitted runs under board run ids (a board written by this kvbench);
     False for a database of one's own runs, and for a board written before runs were scoped."""
-    return "submission_runs" in _tables(con) and "identity" in _columns(con, "submission_runs")
+    return "submission_runs" in tables(con) and "identity" in _columns(con, "submission_runs")
 
 
 def run_sources(con: duckdb.DuckDBPyConnection) -> str:
     """SQL of a relation (run_id, source): the sha256 of the bundle that brought each run; runs missing
     from it are local. Kvbench's own SQL: no name or value from outside enters it."""
-    if "submission_runs" not in _tables(con):
+    if "submission_runs" not in tables(con):
         return "(SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS source WHERE false)"
     # a board written before runs were scoped may hold one run in two submissions: the first names it
     return "(SELECT run_id, min(bundle_sha256) AS source FROM submission_runs GROUP BY run_id)"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from kvbench.errors import PrerequisiteError
 from kvbench.results.check import outputs_digest
@@ -33,6 +34,7 @@ from kvbench.store.board_tables import (
     SUBMISSION_TABLES,
     board_run_id,
     scoped,
+    tables,
 )
 from kvbench.store.ingest import SCHEMA, insert_rows, publishing, reading, snapshot_of, transaction
 from kvbench.store.records import run_table
@@ -188,17 +190,10 @@ def _store(
         copy_samples(checked.samples, con, "run_id = ?", [h["identity"]], run_id=h["run_id"])
     if submission is None:
         return
-    con.execute(
-        # by name: a board made by an earlier kvbench may hold its columns in another order
-        "INSERT INTO submissions (bundle_sha256, submitter, description, created, accepted_at, accepted_by, "
-        "kvbench_version, withdrawn_at, withdrawn_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [submission[k] for k in SUBMISSION_COLUMNS],
-    )
-    columns = ("bundle_sha256", "identity", "run_id", "label", "outputs", "environment")
-    con.executemany(
-        f"INSERT INTO submission_runs ({', '.join(columns)}) VALUES (?, ?, ?, ?, ?, ?)",
-        [[h[c] for c in columns] for h in held],
-    )
+    # by name: a board made by an earlier kvbench may hold its columns in another order
+    insert_rows(con, "submissions", pa.Table.from_pylist([submission]))
+    if held:
+        insert_rows(con, "submission_runs", pa.Table.from_pylist(held))
 
 
 MIN_PREFIX = 8
@@ -261,8 +256,7 @@ def live_submission(database: Path, sha256: str) -> bool:
     if not database.is_file():
         return False
     with reading(database) as con:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "submissions" not in tables:
+        if "submissions" not in tables(con):
             return False
         found = con.execute(
             "SELECT withdrawn_at FROM submissions WHERE bundle_sha256 = ?", [sha256]

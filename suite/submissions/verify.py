@@ -196,7 +196,6 @@ def verify(
     device: str | None = None,
     attention: str | None = None,
     data: Mapping[str, Path] | None = None,
-    scratch: Path | None = None,
     scorer_seconds: float = 60.0,
     progress: bool = False,
 ) -> list[Outcome]:
@@ -232,7 +231,7 @@ def verify(
         # a submitted scorer's cells run apart: its failure (a hang, a crash) leaves the null's verdict
         submitted = isinstance(cell.policy, IsolatedPolicy)
         groups.setdefault((cell.model.name, runtime.device, submitted), []).append((run, cell, exact))
-    with tempfile.TemporaryDirectory(dir=scratch) as out_name:
+    with tempfile.TemporaryDirectory() as out_name:
         out = Path(out_name)
         for members in groups.values():
             cells = [cell for _, cell, _ in members]

@@ -17,9 +17,9 @@ TESTS = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests!r})
-from kvbench.adapters.base import register_adapter
+from kvbench.adapters.base import ADAPTERS
 from toy_adapter import ToyAdapter
-register_adapter("toy", ToyAdapter)
+ADAPTERS.register("toy", ToyAdapter)
 from kvbench.cli import main
 code = main({argv!r})
 heavy = sorted(m for m in sys.modules if m.startswith(("transformers", "kvbench.adapters.hf")))

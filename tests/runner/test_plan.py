@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.errors import SpecError, UnknownNameError, UnknownPolicyError
+from kvbench.errors import SpecError, UnknownNameError
 from kvbench.runner.plan import RunRequest, plan
 
 
@@ -47,7 +47,7 @@ def test_fixed_budget_and_ratio_overrides() -> None:
 @pytest.mark.parametrize(
     ("request_", "error", "message"),
     [
-        (RunRequest(policies=("snapkvv",)), UnknownPolicyError, "Did you mean 'snapkv'"),
+        (RunRequest(policies=("snapkvv",)), UnknownNameError, "policy 'snapkvv'. Did you mean 'snapkv'"),
         (RunRequest(tasks=("paskey",)), UnknownNameError, "unknown task 'paskey'. Did you mean 'passkey'"),
         (RunRequest(protocol="protect"), UnknownNameError, "unknown protocol 'protect'.*protect-prompt"),
         (RunRequest(models=("smol",)), UnknownNameError, "unknown model 'smol'"),

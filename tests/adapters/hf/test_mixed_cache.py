@@ -109,7 +109,6 @@ def test_a_byte_budget_is_held_after_every_event_and_recorded(tiny: LoadedModel)
     facts = tiny.facts
     full_token = 2 * facts.head_dim * 4 * facts.num_layers * facts.num_kv_heads  # fp32 keys and values
     assert cache.budget is not None
-    assert cache.budget.full_bytes_per_token == full_token
     # head dim 16 at 4 bits in groups of 8: 2 groups of 4 code bytes + fp16 scale and offset = 16 bytes
     packed_token = 2 * 16 * facts.num_layers * facts.num_kv_heads
     tokens = cache.budget.tokens

@@ -26,8 +26,8 @@ def test_random_covers_more_of_the_history_across_heads_than_snapkv(smol: Loaded
         forced = teacher_force(smol, prompt, continuation, make_policy(name), schedule, row_seeds=[0])
         assert forced.eviction_events >= 5 and forced.retention is not None
         (retention,) = forced.retention
-        assert retention is not None and len(retention.coverage) == smol.facts.num_layers
-        coverage[name] = sum(retention.coverage) / len(retention.coverage)
+        assert retention is not None and len(retention.head_coverage) == smol.facts.num_layers
+        coverage[name] = sum(retention.head_coverage) / len(retention.head_coverage)
     print(f"mean cross-head coverage over 30 layers: {coverage}")
     heads = smol.facts.num_kv_heads
     assert 1 / heads <= coverage["snapkv"] < coverage["random"] <= 1
