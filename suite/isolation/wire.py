@@ -121,7 +121,7 @@ def read(stream: Any, max_payload: int) -> Frame:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
     # read into memory torch owns: a tensor over a Python buffer outlives it badly at interpreter exit
     payload = torch.empty(payload_length, dtype=torch.uint8)
-    _fill(stream, memoryview(payload.numpy()))
+    _fill(stream, payload.numpy().data)
     return head[0], tensors_at(payload, head[1])
 
 
