@@ -10,7 +10,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from kvbench.leaderboard.display import setting_label
-from kvbench.leaderboard.queries import connect, context_or_first
+from kvbench.leaderboard.queries import context_or_first
 from kvbench.results.comparison import RUNTIME
 from kvbench.results.stats import bootstrap_mean, pool
 from kvbench.results.summary import QUANTITIES, most_complete, summarize
@@ -18,6 +18,7 @@ from kvbench.specs.metric_kind import pools, task_metric
 from kvbench.specs.resolved import Role
 from kvbench.specs.task import TaskSpec
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
+from kvbench.store.ingest import reading
 
 _CURVE_RUNS = f"""
 SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '{LOCAL_SOURCE}') FROM runs
@@ -61,7 +62,7 @@ def budget_curves(
     """
     if tasks is None:
         tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
-    with connect(database) as con:
+    with reading(database) as con:
         runtime, seed = context_or_first(con, model, protocol, runtime, seed)
         query = _CURVE_RUNS.format(sources=run_sources(con))
         found = con.execute(query, [model, protocol, runtime, seed, Role.REFERENCE, list(tasks)]).fetchall()
@@ -106,7 +107,7 @@ def curve_groups(
 ) -> dict[str, tuple[str, ...]]:
     """What a budget curve can pool, label -> tasks: the swept tasks (run at a ratio) of each kind of metric
     pooled (where a kind has two or more; "all tasks" when every task is of one kind), then each alone."""
-    with connect(database) as con:
+    with reading(database) as con:
         found = con.execute(
             "SELECT task, any_value(spec->'task') FROM runs WHERE model = ? AND protocol = ? "
             "AND ratio IS NOT NULL GROUP BY task ORDER BY task",

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -41,17 +39,10 @@ from kvbench.store.board_tables import LOCAL_SOURCE
 from kvbench.store.ingest import reading
 
 
-@contextmanager
-def connect(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """``database`` read-only; an empty or damaged file is a StorageError naming it and its rebuild."""
-    with reading(database) as con:
-        yield con
-
-
 def has_results(database: Path) -> bool:
     if not database.is_file():
         return False
-    with connect(database) as con:
+    with reading(database) as con:
         tables = {
             row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
         }
@@ -91,7 +82,7 @@ def choices(
 ) -> Choices:
     """The filter values that have runs: models; the model's protocols; their runtimes and protocol
     seeds; then their compressions."""
-    with connect(database) as con:
+    with reading(database) as con:
         models = [r[0] for r in con.execute("SELECT DISTINCT model FROM runs ORDER BY 1").fetchall()]
         model = model or (models[0] if models else None)
         protocols = [
@@ -233,7 +224,7 @@ def leaderboard(
     policies' rows are shown: a filter never changes the family of the correction, hence never a
     verdict. Each row names the submission holding its runs and the badge of their newest verifications.
     """
-    with connect(database) as con:
+    with reading(database) as con:
         runs = table_runs(con, model, protocol, compression, runtime, seed)
         summaries = summarize(con, [r.run_id for r in runs], quantity)
         tasks = sorted({r.task for r in runs})
@@ -484,7 +475,7 @@ _DECODE_ONLY = "SELECT *, 'decode' AS kind, 'hf' AS adapter, NULL::JSON AS detai
 def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame:
     """The newest `kvbench bench decode` and `bench serve` row per policy and adapter for the model, beside
     the policy's average score where the table has one (its tasks of one kind of metric)."""
-    with connect(database) as con:
+    with reading(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
             return pd.DataFrame()
@@ -501,7 +492,7 @@ def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Per policy of the table's runs, what its eviction events cost in those runs: milliseconds per event
     of one sample (each sample's share of its batch's event time, over its events) and that over the
     null's, from the samples the runs recorded (no benchmark needed)."""
-    with connect(database) as con:
+    with reading(database) as con:
         cost = con.execute(
             "SELECT r.policy, r.role, sum(s.evictions) AS events, "
             "1000 * sum(s.eviction_seconds) / nullif(sum(s.evictions), 0) AS ms_per_event "
@@ -516,7 +507,7 @@ def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
 
 def policy_runs(database: Path, policy: str) -> pd.DataFrame:
     """Every stored run of one policy, with its score: the policy page's per-task results."""
-    with connect(database) as con:
+    with reading(database) as con:
         runs = con.execute(
             "SELECT run_id, model, task, protocol, budget, ratio, policy_params AS parameters, visibility "
             "FROM runs WHERE policy = ? ORDER BY model, task, protocol, ratio, budget",
@@ -545,7 +536,7 @@ class Capped(NamedTuple):
 def problems(database: Path, run_id: str, limit: int = ROW_CAP) -> Capped:
     """Per-sample rows of one run, the first ``limit`` of them. Output text only for public tasks: a
     private task's is never selected."""
-    with connect(database) as con:
+    with reading(database) as con:
         rows = con.execute(
             "SELECT s.problem_id, s.sample, s.metric, s.correct, s.finish_reason, s.generated_tokens, "
             "s.evictions, CASE WHEN r.visibility = 'public' THEN s.output END AS output "
@@ -570,14 +561,14 @@ FROM runs WHERE list_contains(?, run_id) ORDER BY label
 
 def trust_notices(database: Path) -> Notices:
     """What the page says of the board's trust above every table (kvbench.leaderboard.submissions)."""
-    with connect(database) as con:
+    with reading(database) as con:
         return board_notices(con)
 
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Where every number came from: run, spec hash, versions, hardware, date; for a submitted run, its
     submission and the newest verification, with the machine that re-ran it (CPU and GPU models)."""
-    with connect(database) as con:
+    with reading(database) as con:
         runs = con.execute(_PROVENANCE, [run_ids]).df()
         held = held_runs(con, run_ids)
     held = held.rename(columns={"submitter": "submission", "outcome": "verification"})
@@ -588,7 +579,7 @@ def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
 
 def policy_documentation(database: Path, policy: str) -> dict | None:
     """The documentation saved with the newest run of ``policy``: that of the code behind its numbers."""
-    with connect(database) as con:
+    with reading(database) as con:
         found = con.execute(
             "SELECT policy_doc FROM runs WHERE policy = ? AND policy_doc IS NOT NULL "
             "ORDER BY created DESC LIMIT 1",
