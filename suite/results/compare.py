@@ -48,16 +48,10 @@ class Filters:
     quantity: str = "score"
     """What arms are ranked and paired by: a name in kvbench.results.summary.QUANTITIES."""
     family: str = "table"
-    """What each Holm correction runs over: a name in FAMILIES."""
-
-
-FAMILIES = {
-    "table": "the policies of one table: one task at one budget, or one pooled table",
-    "sweep": "every table of one model, protocol, runtime, seed and source, across tasks and budgets "
-    "(pooled tables: every pooled table of them, a family of their own)",
-}
-"""`kvbench compare --family`: what a Holm correction runs over. Filters (--task, --budget) never change
-a family: a sweep's family is formed before they choose the rows shown."""
+    """What each Holm correction runs over (`kvbench compare --family`): ``table``, the policies of one
+    table (one task at one budget, or one pooled table); ``sweep``, every table of one model, protocol,
+    runtime, seed and source across tasks and budgets (pooled tables a family of their own). Filters
+    (--task, --budget) never change a family: a sweep's is formed before they choose the rows shown."""
 
 
 COLUMNS = (
