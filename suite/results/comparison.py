@@ -217,19 +217,12 @@ def compare_table(
     The tests are Holm-corrected across the table's policies (table_family); judged_together corrects
     several tables as one family instead.
     """
-    sources = dict.fromkeys(run.source for run in runs)
-    return [
-        arm
-        for source in sources
-        for arm in _compare_source(
-            [r for r in runs if r.source == source],
-            summaries,
-            tasks=tasks,
-            also=also,
-            baseline=baseline,
-            quantity=quantity,
-        )
-    ]
+    arms = []
+    for source in dict.fromkeys(run.source for run in runs):
+        table = _Source([r for r in runs if r.source == source], summaries, tasks, baseline)
+        tests = table.tests(QUANTITIES[quantity])
+        arms += [table.result(arm, tests.get(arm), also) for arm in table.arms]
+    return arms
 
 
 def table_family(runs: Sequence[StoredRun], tasks: Sequence[str], baseline: str) -> str:
@@ -256,21 +249,6 @@ def judged_together(tables: Sequence[Sequence[ArmResult]], family: str) -> list[
         holm_verdicts([a.test for table in tables for a in table if a.test is not None], family=family)
     )
     return [[replace(a, test=next(judged)) if a.test is not None else a for a in table] for table in tables]
-
-
-def _compare_source(
-    runs: Sequence[StoredRun],
-    summaries: Mapping[str, CellSummary],
-    *,
-    tasks: Sequence[str],
-    also: Sequence[str],
-    baseline: str,
-    quantity: str,
-) -> list[ArmResult]:
-    """compare_table on the runs of one source."""
-    source = _Source(runs, summaries, tasks, baseline)
-    tests = source.tests(QUANTITIES[quantity])
-    return [source.result(arm, tests.get(arm), also) for arm in source.arms]
 
 
 Scores = dict[tuple[str, str], float]
