@@ -154,9 +154,8 @@ def shifted_pairs(groups: dict[str, NullSeeds]) -> list[tuple[dict[str, float], 
 
 
 def print_calibration(result) -> None:
-    table = Table(title=f"A/A calibration: the null against itself, {result.comparisons} pairs of seeds")
-    for column in ("verdict", "count", "share"):
-        table.add_column(column)
+    title = f"A/A calibration: the null against itself, {result.comparisons} pairs of seeds"
+    table = Table("verdict", "count", "share", title=title)
     for verdict, count in result.verdicts.items():
         table.add_row(verdict, str(count), f"{count / max(result.comparisons, 1):.1%}")
     console.print(table)

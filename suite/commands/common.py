@@ -7,12 +7,13 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
 from rich.segment import Segment
+from rich.table import Table
 
 from kvbench.errors import StorageError
 
@@ -88,6 +89,15 @@ def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
         raise StorageError(
             f"{flag} {given}: cannot write in {folder} ({exc.strerror or exc}); give a path you can write to"
         ) from exc
+
+
+def measured_table(title: str | None, columns: Sequence[str]) -> Table:
+    """A table of measurements: what was measured (the first column) to the left, the numbers to the
+    right."""
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    return table
 
 
 def mib(nbytes: int) -> str:
