@@ -20,7 +20,7 @@ from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
 from kvbench.leaderboard.submissions import notices as board_notices
-from kvbench.results.compare import effect_text, holm_families, needed_text, task_tables
+from kvbench.results.compare import effect_text, holm_families, needed_text, plus_minus, task_tables
 from kvbench.results.comparison import (
     RUNTIME,
     ArmResult,
@@ -83,33 +83,22 @@ def choices(
     """The filter values that have runs: models; the model's protocols; their runtimes and protocol
     seeds; then their compressions."""
     with reading(database) as con:
-        models = [r[0] for r in con.execute("SELECT DISTINCT model FROM runs ORDER BY 1").fetchall()]
+
+        def distinct(column: str, *where: tuple[str, object]) -> list:
+            """The values of ``column`` among the runs that match every (column, value) of ``where``."""
+            matched = " AND ".join(["TRUE", *(f"{name} = ?" for name, _ in where)])
+            query = f"SELECT DISTINCT {column} FROM runs WHERE {matched} ORDER BY 1"
+            return [r[0] for r in con.execute(query, [value for _, value in where]).fetchall()]
+
+        models = distinct("model")
         model = model or (models[0] if models else None)
-        protocols = [
-            r[0]
-            for r in con.execute(
-                "SELECT DISTINCT protocol FROM runs WHERE model = ? ORDER BY 1", [model]
-            ).fetchall()
-        ]
+        protocols = distinct("protocol", ("model", model))
         # the Random Attention paper's protocol first, where it ran: the table a visitor expects
         protocols.sort(key=lambda name: name != DEFAULT_PROTOCOL)
         protocol = protocol or (protocols[0] if protocols else None)
-        runtimes = [
-            r[0]
-            for r in con.execute(
-                f"SELECT DISTINCT {RUNTIME} FROM runs WHERE model = ? AND protocol = ? ORDER BY 1",
-                [model, protocol],
-            ).fetchall()
-        ]
+        runtimes = distinct(RUNTIME, ("model", model), ("protocol", protocol))
         runtime = runtime or (runtimes[0] if runtimes else None)
-        seeds = [
-            r[0]
-            for r in con.execute(
-                f"SELECT DISTINCT protocol_seed FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ? "
-                "ORDER BY 1",
-                [model, protocol, runtime],
-            ).fetchall()
-        ]
+        seeds = distinct("protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
         seed = seed if seed is not None else (seeds[0] if seeds else None)
         compressions = [
             Compression(ratio, None if ratio else budget)
@@ -197,9 +186,7 @@ def _in_table(run: StoredRun, compression: Compression) -> bool:
 
 
 def _interval(estimate: Estimate) -> str:
-    if math.isnan(estimate.value):
-        return MISSING
-    return f"{estimate.value:.3f} ± {(estimate.high - estimate.low) / 2:.3f}"
+    return plus_minus(estimate.value, estimate.low, estimate.high)  # MISSING where there is none
 
 
 def leaderboard(
@@ -257,7 +244,8 @@ def leaderboard(
             record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
         for task, results in per_task.items():
             record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
-        records.append(record | _badges(arm, held, conflicting))
+        submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
+        records.append(record | {"submission": submission, "verified": verified})
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
         if (arm.policy, arm.params, arm.source) in mismatched:
@@ -381,11 +369,6 @@ def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]
     }
 
 
-def _badges(arm: ArmResult, held: pd.DataFrame, conflicting: set[str]) -> dict[str, str]:
-    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
-    return {"submission": submission, "verified": verified}
-
-
 def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary]) -> dict:
     """The arm's own columns: its score per task and what its budget cost, pooled over its tasks."""
     record: dict = {"policy": arm.policy, "role": arm.role}
@@ -418,7 +401,7 @@ def _tested(arm: ArmResult | None, prefix: str, role: Role | None = None) -> dic
     test = arm.test if arm is not None else None
     role = arm.role if arm is not None else role
     values = {
-        "verdict": _badge(test.verdict) if test else ROLES[role] if role else MISSING,
+        "verdict": BADGES.get(test.verdict or "", MISSING) if test else ROLES[role] if role else MISSING,
         "Δ vs null": test.difference.value if test else (0.0 if role == Role.NULL else math.nan),
         "p (Holm)": test.p_adjusted if test else math.nan,
         "W/T/L": f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING,
@@ -452,10 +435,6 @@ BADGES = {
     "inconclusive": "inconclusive",
     "loses to null": "loses",
 }
-
-
-def _badge(verdict: str | None) -> str:
-    return BADGES.get(verdict or "", MISSING)
 
 
 _BENCH = """
