@@ -4,6 +4,7 @@ pooled over tasks of one kind of metric; each submission on a board draws its ow
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 from pathlib import Path
 from typing import NamedTuple
 
@@ -86,17 +87,7 @@ def budget_curves(
         label = policy if len(settings[policy]) == 1 else setting_label(policy, params)
         if len(sources) > 1:  # a board's submissions each draw their own lines
             label += f" @{source[:8]}" if source else " (local)"
-        records.append(
-            {
-                "policy": label,
-                "role": role,
-                "ratio": ratio,
-                "score": estimate.value,
-                "low": estimate.low,
-                "high": estimate.high,
-                "problems": estimate.problems,
-            }
-        )
+        records.append((label, role, ratio, *astuple(estimate)))  # value, low, high, problems
     return pd.DataFrame.from_records(
         records, columns=["policy", "role", "ratio", "score", "low", "high", "problems"]
     )
