@@ -71,9 +71,6 @@ METHOD = (
     "with scores inside the runs' intervals; *conflict*: another submission holds other outputs of the "
     "same spec on the same machine; *local*: runs no submission holds."
 )
-# What the table opens with, the verdict pinned beside the policy so that a narrow screen still shows it
-# (a comment: Streamlit's magic would print a bare string here on the page).
-LEADING = ("policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)")
 TRAILING = ("K/N_avg", "problems × samples")
 PINNED_VERDICTS = 1  # verdict columns pinned beside the policy, at most: Streamlit unpins every column
 # when the pinned ones take more than 60% of the table, as two verdicts and the policy do at 800 px
@@ -356,7 +353,10 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
     if not (table.frame["role"] == Role.POLICY).any():
         st.info("No policy matches these filters; only the baselines are shown.")
     if table.mismatched:  # marked "≠ null" in the table too; one line, so that the table stays in view
-        st.warning(_mismatch_note(table.mismatched))
+        st.warning(
+            "Marked ≠ null: " + "; ".join(map(literal, table.mismatched)) + ". Their cells average their "
+            "own problems, while Δ vs null, W/T/L and the verdicts pair the problems both ran."
+        )
     number = st.column_config.NumberColumn
     left, right = st.columns(2)
     wide = left.toggle("all columns", key="wide", help="margin, MDE, power, token costs, parameters, badges")
@@ -426,14 +426,6 @@ def _badge_line(row: pd.Series, verdicts: list[str]) -> str:
     if not found:
         return ""
     return f"**{literal(row['policy'])}** " + ", ".join(f"{label} {badge}".strip() for label, badge in found)
-
-
-def _mismatch_note(notes: list[str]) -> str:
-    """The arms on other problems than the null, in one line."""
-    return (
-        "Marked ≠ null: " + "; ".join(map(literal, notes)) + ". Their cells average their own problems, "
-        "while Δ vs null, W/T/L and the verdicts pair the problems both ran."
-    )
 
 
 def _pooled_text(table: queries.Table) -> str:
