@@ -64,19 +64,17 @@ def text_console(**settings: Any) -> Console:
 console = text_console(width=None if sys.stdout.isatty() else 160)
 
 
-def output_folder(folder: Path, flag: str) -> Path:
+def output_folder(folder: Path, flag: str) -> None:
     """``folder`` checked writable before any work is done (or, while it does not exist, the folder it
     would be made in), so that a results folder that cannot take a file fails now, naming its flag, and
     not after the run; a command refused before it starts leaves no folder behind."""
     existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
     _writable(existing, flag, folder, make=False)
-    return folder
 
 
-def output_file(path: Path, flag: str) -> Path:
+def output_file(path: Path, flag: str) -> None:
     """``path``'s folder made if missing and checked writable before any work is done (as output_folder)."""
     _writable(path.parent, flag, path)
-    return path
 
 
 def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
