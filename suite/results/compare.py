@@ -368,11 +368,7 @@ def display_cells(row: dict) -> list[str]:
         f"{_number(row['mean_generated_tokens'], '.0f')} ({_number(row['lengthening'], '.2f')}×) / "
         f"{_number(row['tokens_per_correct'], '.0f')} ({_number(row['delta_tokens_per_correct'], '+.0f')})",
         f"{_signed_interval(row, 'delta_tokens', '.0f')} / {_number(row['delta_truncation'], '+.0%')}",
-        (
-            f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
-            if row["wins"] == 0 and row["losses"] == 0
-            else _signed_interval(row, "delta", ".3f")
-        ),
+        delta_cell(row, interval=True),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
         verdict_text(row),
         "—"
@@ -443,10 +439,13 @@ def inside_margin(row: dict) -> bool:
     return not math.isnan(margin) and abs(delta) < margin
 
 
-def delta_cell(row: dict) -> str:
-    """Δ ± half its 95% interval; where no problem differs, that instead of a zero-width interval."""
+def delta_cell(row: dict, *, interval: bool = False) -> str:
+    """Δ ± half its 95% interval (``interval``: Δ [low, high]); where no problem differs, that instead of
+    a zero-width interval."""
     if row.get("wins") == 0 and row.get("losses") == 0:
         return f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
+    if interval:
+        return _signed_interval(row, "delta", ".3f")
     return plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True)
 
 
@@ -491,15 +490,11 @@ def power_notes(rows: list[dict]) -> list[str]:
     one line where no arm of the table differs from the null on any problem."""
     tested = [r for r in rows if r["wins"] is not None]
     waiting = [r for r in tested if r["verdict"] == "inconclusive"]
-    notes = family_notes(tested) + margin_notes(tested)
+    notes = holm_families((r["family"], r["family_size"]) for r in tested if r.get("family"))
+    notes += margin_notes(tested)
     if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
         return [*notes, NO_DIFFERENCE]
     return [*notes, *(f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting)]
-
-
-def family_notes(rows: list[dict]) -> list[str]:
-    """What each Holm correction of these rows ran over, once per family."""
-    return holm_families((r["family"], r["family_size"]) for r in rows if r.get("family"))
 
 
 def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
