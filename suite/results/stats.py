@@ -204,11 +204,6 @@ class PairedComparison:
         return self.wins + self.losses
 
     @property
-    def inside_margin(self) -> bool:
-        """The mean difference lies inside ±margin (a *beats* that small is noted as such)."""
-        return self.margin > 0 and abs(self.difference.value) < self.margin
-
-    @property
     def discordance(self) -> float:
         """The share of shared problems on which the two arms differ."""
         shared = self.wins + self.ties + self.losses
