@@ -83,22 +83,15 @@ def choices(
     """The filter values that have runs: models; the model's protocols; their runtimes and protocol
     seeds; then their compressions."""
     with reading(database) as con:
-
-        def distinct(column: str, *where: tuple[str, object]) -> list:
-            """The values of ``column`` among the runs that match every (column, value) of ``where``."""
-            matched = " AND ".join(["TRUE", *(f"{name} = ?" for name, _ in where)])
-            query = f"SELECT DISTINCT {column} FROM runs WHERE {matched} ORDER BY 1"
-            return [r[0] for r in con.execute(query, [value for _, value in where]).fetchall()]
-
-        models = distinct("model")
+        models = _distinct(con, "model")
         model = model or (models[0] if models else None)
-        protocols = distinct("protocol", ("model", model))
+        protocols = _distinct(con, "protocol", ("model", model))
         # the Random Attention paper's protocol first, where it ran: the table a visitor expects
         protocols.sort(key=lambda name: name != DEFAULT_PROTOCOL)
         protocol = protocol or (protocols[0] if protocols else None)
-        runtimes = distinct(RUNTIME, ("model", model), ("protocol", protocol))
+        runtimes = _distinct(con, RUNTIME, ("model", model), ("protocol", protocol))
         runtime = runtime or (runtimes[0] if runtimes else None)
-        seeds = distinct("protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
+        seeds = _distinct(con, "protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
         seed = seed if seed is not None else (seeds[0] if seeds else None)
         compressions = [
             Compression(ratio, None if ratio else budget)
@@ -112,21 +105,24 @@ def choices(
     return Choices(models, protocols, compressions, runtimes, seeds)
 
 
+def _distinct(con: duckdb.DuckDBPyConnection, column: str, *where: tuple[str, object]) -> list:
+    """The values of ``column`` among the runs that match every (column, value) of ``where``, ascending
+    (NULL last)."""
+    matched = " AND ".join(["TRUE", *(f"{name} = ?" for name, _ in where)])
+    query = f"SELECT DISTINCT {column} FROM runs WHERE {matched} ORDER BY 1"
+    return [r[0] for r in con.execute(query, [value for _, value in where]).fetchall()]
+
+
 def context_or_first(
     con: duckdb.DuckDBPyConnection, model: str, protocol: str, runtime: str | None, seed: int | None
 ) -> tuple[str, int]:
-    """The runtime and protocol seed asked for, or the first stored ones."""
+    """The runtime and protocol seed asked for, or the first (smallest) stored ones."""
     if runtime is None:
-        found = con.execute(
-            f"SELECT min({RUNTIME}) FROM runs WHERE model = ? AND protocol = ?", [model, protocol]
-        ).fetchone()
-        runtime = found[0] if found and found[0] is not None else ""
+        found = _distinct(con, RUNTIME, ("model", model), ("protocol", protocol))
+        runtime = next((r for r in found if r is not None), "")
     if seed is None:
-        found = con.execute(
-            f"SELECT min(protocol_seed) FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ?",
-            [model, protocol, runtime],
-        ).fetchone()
-        seed = found[0] if found and found[0] is not None else 0
+        found = _distinct(con, "protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
+        seed = next((s for s in found if s is not None), 0)
     return runtime, seed
 
 
