@@ -73,6 +73,10 @@ def parquet_bytes(frame: pd.DataFrame) -> bytes:
     return frame.to_parquet(index=False)  # no path: pandas returns the file's bytes
 
 
+FORMATS = {"CSV": (csv_bytes, "text/csv"), "Parquet": (parquet_bytes, "application/vnd.apache.parquet")}
+"""What a table can be downloaded as: how its bytes are made, and their MIME type."""
+
+
 def deferred(
     encode: Callable[[pd.DataFrame], bytes], rows: Callable[[], pd.DataFrame]
 ) -> Callable[[], bytes]:
