@@ -40,10 +40,6 @@ class _CurveRun(NamedTuple):
     ratio: float | None
     source: str
 
-    @property
-    def arm_at_ratio(self) -> tuple[str, str, str, Role, float | None, str]:
-        return self.task, self.policy, self.params, self.role, self.ratio, self.source
-
 
 def budget_curves(
     database: Path,
@@ -69,7 +65,7 @@ def budget_curves(
         found = con.execute(query, [model, protocol, runtime, seed, Role.REFERENCE, list(tasks)]).fetchall()
         runs = [run._replace(role=Role(run.role)) for run in map(_CurveRun._make, found)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
-    runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
+    runs = most_complete(runs, summaries, key=lambda r: r[1:])  # one run per arm, task and ratio
     swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}
     sources = {r.source for r in runs}
