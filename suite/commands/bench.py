@@ -245,10 +245,8 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     machine = describe_machine(args.device)
     _report(table, machine, results, args.json)
     if args.out:
-        settings = {
-            "model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer,
-            "batch": args.batch, "device": args.device, "batching": "fixed-batch",
-        }  # fmt: skip
+        settings = {k: getattr(args, k) for k in ("model", "tokens", "budget", "buffer", "batch", "device")}
+        settings["batching"] = "fixed-batch"
         console.print(f"recorded in {_record(args.out, settings, machine, results)}")
     return 0
 
