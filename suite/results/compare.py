@@ -152,9 +152,11 @@ def compare(database: Path, filters: Filters) -> list[dict]:
         if filters.task not in (None, *table.members, table.context[1]):
             continue
         pooled_row = len(table.members) > 1
+        # the arms a comparison lists (neither the baseline nor the full cache), by policy and parameters
+        shown = [a for a in table.arms if a.role != Role.REFERENCE and a.policy != filters.against]
         rows += [
             arm_row(table.context, table.budget, table.ratio, arm, pooled=pooled_row)
-            for arm in _sorted(table.arms, filters.against)
+            for arm in sorted(shown, key=lambda a: (a.policy, a.params))
         ]
     return rows
 
@@ -245,12 +247,6 @@ def sweep_families(tables: list[TaskTable]) -> list[TaskTable]:
         for i, arms in zip(indices, judged, strict=True):
             out[i] = replace(tables[i], arms=arms)
     return out
-
-
-def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
-    """The arms a comparison lists (neither the baseline nor the full cache), by policy and parameters."""
-    shown = [a for a in arms if a.role != Role.REFERENCE and a.policy != against]
-    return sorted(shown, key=lambda a: (a.policy, a.params))
 
 
 def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *, pooled: bool) -> dict:
@@ -491,7 +487,9 @@ def power_notes(rows: list[dict]) -> list[str]:
     tested = [r for r in rows if r["wins"] is not None]
     waiting = [r for r in tested if r["verdict"] == "inconclusive"]
     notes = holm_families((r["family"], r["family_size"]) for r in tested if r.get("family"))
-    notes += margin_notes(tested)
+    # which equivalence margin the rows used and which spec field declared it, once per margin
+    margins = dict.fromkeys((r.get("margin"), r.get("margin_from")) for r in tested if r.get("margin_from"))
+    notes += [f"equivalence margin {margin_text(margin)}: {where}" for margin, where in margins]
     if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
         return [*notes, NO_DIFFERENCE]
     return [*notes, *(f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting)]
@@ -503,12 +501,6 @@ def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
         f"Holm over {size} comparison{'s' * (size != 1)}: {family}"
         for family, size in dict.fromkeys(families)
     ]
-
-
-def margin_notes(rows: list[dict]) -> list[str]:
-    """Which equivalence margin these rows used and which spec field declared it, once per margin."""
-    seen = dict.fromkeys((r.get("margin"), r.get("margin_from")) for r in rows if r.get("margin_from"))
-    return [f"equivalence margin {margin_text(margin)}: {where}" for margin, where in seen]
 
 
 def margin_text(margin: float | None) -> str:

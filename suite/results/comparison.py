@@ -336,7 +336,7 @@ class _Source:
         if test is not None:
             vs_base = test.difference
         elif arm[2] == Role.REFERENCE and base_scores is not None:
-            vs_base = paired_difference(pooled, base_scores, bounded=_bounded(pooled, base_scores))
+            vs_base = paired_difference(pooled, base_scores, bounded=None)
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
@@ -361,11 +361,7 @@ class _Source:
             samples=sum(p.samples for p in parts),
             vs_baseline=vs_base,
             test=test,
-            vs_full=(
-                paired_difference(pooled, full_scores, bounded=_bounded(pooled, full_scores))
-                if full_scores is not None
-                else None
-            ),
+            vs_full=paired_difference(pooled, full_scores, bounded=None) if full_scores is not None else None,
             lengthening=_ratio_of_means(tokens, full_tokens or {}),
             tokens_per_correct=per_correct,
             tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
@@ -392,12 +388,6 @@ def table_margin(runs: Sequence[StoredRun], column: str) -> Margin:
         return smallest
     each = "; ".join(f"{m.declared_by} = {m.value:g}" for m in margins)
     return Margin(smallest.value, f"the smallest of the pooled tasks' ({each})")
-
-
-def _bounded(*scores: Mapping[Any, float]) -> bool:
-    """Whether every score lies in [0, 1] (the metric's bound then limits what an unseen problem can
-    change; compare_arms infers it the same way)."""
-    return all(0.0 <= v <= 1.0 for arm in scores for v in arm.values())
 
 
 def _partner(

@@ -94,11 +94,15 @@ def paired_difference(
     arm: Mapping[Any, float],
     other: Mapping[Any, float],
     *,
-    bounded: bool = False,
+    bounded: bool | None = False,
     draws: int = DRAWS,
     seed: int = SEED,
 ) -> Estimate:
-    """Mean over shared problems of arm − other, with the studentized bootstrap's interval over them."""
+    """Mean over shared problems of arm − other, with the studentized bootstrap's interval over them.
+    ``bounded`` None: whether every score of either lies in [0, 1] (the bound then limits what an unseen
+    problem can change; compare_arms infers it the same way)."""
+    if bounded is None:
+        bounded = all(0.0 <= v <= 1.0 for scores in (arm, other) for v in scores.values())
     deltas = paired_deltas(arm, other)
     if deltas.size == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
