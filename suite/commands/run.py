@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -262,15 +262,15 @@ def run_request(args: argparse.Namespace) -> RunRequest:
 
     from kvbench.runner.plan import RunRequest
 
-    given = {
+    given: dict[str, Any] = {
         "policies": tuple(args.policy),
         "tasks": tuple(args.task),
         "models": tuple(args.model),
         "baselines": not args.no_baselines,
         "data": str(args.data.resolve()) if args.data else None,
     }
-    named = {f.name: given[f.name] if f.name in given else getattr(args, f.name) for f in fields(RunRequest)}
-    return RunRequest(**named)
+    named: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(RunRequest) if f.name not in given}
+    return RunRequest(**given, **named)
 
 
 def build_report(cells: Sequence[Cell], database: Path) -> list[dict]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def _tail_share(s: Studentized, value: np.ndarray, above: bool) -> np.ndarray:
     """(1 + #{t* ≥ value})/(1 + draws) per row (``above``; else #{t* ≤ value}): a Monte Carlo p-value
     that never falls below its level."""
     draws = s.t.shape[1]
-    side = "left" if above else "right"
+    side: Literal["left", "right"] = "left" if above else "right"
     found = np.array([np.searchsorted(t, v, side=side) for t, v in zip(s.t, value, strict=True)])
     return (1 + (draws - found if above else found)) / (1 + draws)
 
