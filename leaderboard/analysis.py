@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from kvbench.leaderboard.queries import connect
+from kvbench.store.ingest import reading
 
 
 def value_analyses(database: Path) -> pd.DataFrame:
     """Every stored value analysis (its tidy rows), or no row where none was ingested."""
-    with connect(database) as con:
+    with reading(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "value_analysis" not in tables:
             columns = ["analysis_id", "model", "task", "problems", "tokens", "layer", "head", "statistic"]

@@ -71,9 +71,6 @@ METHOD = (
     "with scores inside the runs' intervals; *conflict*: another submission holds other outputs of the "
     "same spec on the same machine; *local*: runs no submission holds."
 )
-# What the table opens with, the verdict pinned beside the policy so that a narrow screen still shows it
-# (a comment: Streamlit's magic would print a bare string here on the page).
-LEADING = ("policy", "verdict", "average ± CI", "Δ vs null", "p (Holm)")
 TRAILING = ("K/N_avg", "problems × samples")
 PINNED_VERDICTS = 1  # verdict columns pinned beside the policy, at most: Streamlit unpins every column
 # when the pinned ones take more than 60% of the table, as two verdicts and the policy do at 800 px
@@ -248,30 +245,27 @@ def _page(database: Path, public: bool) -> None:
 def _sidebar(query) -> Selection:
     """The filters, each restored from the URL on the session's first run."""
     sidebar = st.sidebar
-    everything = query("choices")
-    permalink.from_url("model", everything.models)
-    model = sidebar.selectbox("model", everything.models, key="model")
-    protocols = query("choices", model).protocols
-    permalink.from_url("protocol", protocols)
-    protocol = sidebar.selectbox("protocol", protocols, key="protocol")
-    runtimes = query("choices", model, protocol).runtimes
-    permalink.from_url("runtime", runtimes)
-    runtime = sidebar.selectbox("runtime (adapter/device/dtype/attention)", runtimes, key="runtime")
-    seeds = query("choices", model, protocol, runtime).seeds
-    permalink.from_url("seed", seeds)
-    seed = sidebar.selectbox("protocol seed", seeds, key="seed")
+
+    def pick(key: str, label: str, options: Sequence, encode: Callable = str, **widget: Any) -> Any:
+        permalink.from_url(key, options, encode)
+        return sidebar.selectbox(label, options, key=key, **widget)
+
+    model = pick("model", "model", query("choices").models)
+    protocol = pick("protocol", "protocol", query("choices", model).protocols)
+    runtime = pick(
+        "runtime", "runtime (adapter/device/dtype/attention)", query("choices", model, protocol).runtimes
+    )
+    seed = pick("seed", "protocol seed", query("choices", model, protocol, runtime).seeds)
     compressions = query("choices", model, protocol, runtime, seed).compressions
-    permalink.from_url("compression", compressions, permalink.compression_code)
-    compression = sidebar.selectbox(
-        "compression", compressions, format_func=lambda c: c.label, key="compression"
+    compression = pick(
+        "compression", "compression", compressions, permalink.compression_code, format_func=lambda c: c.label
     )
     permalink.from_url("name")
     name = sidebar.text_input("policy name contains", key="name")
-    permalink.from_url("quantity", list(QUANTITIES))
-    quantity = sidebar.selectbox(
+    quantity = pick(
+        "quantity",
         "rank by",
         list(QUANTITIES),
-        key="quantity",
         help="the task's metric, or the probe answer's log-probability (paired and tested the same way)",
     )
     return Selection(model, protocol, runtime, seed, compression, name, quantity)
@@ -356,7 +350,10 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
     if not (table.frame["role"] == Role.POLICY).any():
         st.info("No policy matches these filters; only the baselines are shown.")
     if table.mismatched:  # marked "≠ null" in the table too; one line, so that the table stays in view
-        st.warning(_mismatch_note(table.mismatched))
+        st.warning(
+            "Marked ≠ null: " + "; ".join(map(literal, table.mismatched)) + ". Their cells average their "
+            "own problems, while Δ vs null, W/T/L and the verdicts pair the problems both ran."
+        )
     number = st.column_config.NumberColumn
     left, right = st.columns(2)
     wide = left.toggle("all columns", key="wide", help="margin, MDE, power, token costs, parameters, badges")
@@ -386,14 +383,11 @@ def _leaderboard_view(table: queries.Table, title: str) -> None:
         st.markdown("Against the null: " + " · ".join(b for b in badges if b))
     frame = table.frame
     left, right, _ = st.columns([1, 1, 4])
-    left.download_button(
-        "Download CSV", lambda: downloads.csv_bytes(frame), file_name="kvbench-leaderboard.csv",
-        mime="text/csv", on_click="ignore",
-    )  # fmt: skip
-    right.download_button(
-        "Download Parquet", lambda: downloads.parquet_bytes(frame), file_name="kvbench-leaderboard.parquet",
-        mime="application/vnd.apache.parquet", on_click="ignore",
-    )  # fmt: skip
+    for place, (kind, (encode, mime)) in zip((left, right), downloads.FORMATS.items(), strict=True):
+        place.download_button(
+            f"Download {kind}", downloads.deferred(encode, lambda: frame), mime=mime,
+            file_name=f"kvbench-leaderboard.{kind.lower()}", on_click="ignore",
+        )  # fmt: skip
     st.caption(f"{METHOD} {_pooled_text(table)}")
     if table.families:  # a family's text names tasks and pools that may come from a bundle: shown literally
         st.caption("Holm families: " + "; ".join(map(literal, table.families)) + ".")
@@ -426,14 +420,6 @@ def _badge_line(row: pd.Series, verdicts: list[str]) -> str:
     if not found:
         return ""
     return f"**{literal(row['policy'])}** " + ", ".join(f"{label} {badge}".strip() for label, badge in found)
-
-
-def _mismatch_note(notes: list[str]) -> str:
-    """The arms on other problems than the null, in one line."""
-    return (
-        "Marked ≠ null: " + "; ".join(map(literal, notes)) + ". Their cells average their own problems, "
-        "while Δ vs null, W/T/L and the verdicts pair the problems both ran."
-    )
 
 
 def _pooled_text(table: queries.Table) -> str:
@@ -598,10 +584,8 @@ def _downloads_view(query, database: Path, table: queries.Table) -> None:
     }
     for label, (stem, rows) in files.items():
         # built when clicked (on Streamlit's thread for it), never on a page run
-        for kind, encode, mime in (
-            ("Parquet", downloads.parquet_bytes, "application/vnd.apache.parquet"),
-            ("CSV", downloads.csv_bytes, "text/csv"),
-        ):
+        for kind in ("Parquet", "CSV"):
+            encode, mime = downloads.FORMATS[kind]
             st.download_button(
                 f"{label} ({kind})", downloads.deferred(encode, rows), file_name=f"{stem}.{kind.lower()}",
                 mime=mime, on_click="ignore", key=f"get_{stem}_{kind}",

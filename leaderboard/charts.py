@@ -11,6 +11,11 @@ from kvbench.specs.resolved import Role
 NULL_BAND = "Random Attention (null) 95% CI"
 
 
+def _bars(rows: pd.DataFrame, value: str) -> dict:
+    """Error bars from each row's ``value`` to its interval's ends (the ``low`` and ``high`` columns)."""
+    return {"type": "data", "array": rows["high"] - rows[value], "arrayminus": rows[value] - rows["low"]}
+
+
 def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> go.Figure:
     """One line per policy over the compression ratio, the null as a shaded band, full cache as a line."""
     swept = curves[curves["ratio"].notna()].sort_values("ratio")
@@ -39,11 +44,7 @@ def budget_curves(curves: pd.DataFrame, title: str, quantity: str = "score") -> 
                 mode="lines+markers",
                 name=chart_text(f"{policy} (null)" if is_null else policy),
                 line={"dash": "dot", "color": "gray"} if is_null else None,
-                error_y={
-                    "type": "data",
-                    "array": rows["high"] - rows["score"],
-                    "arrayminus": rows["score"] - rows["low"],
-                },
+                error_y=_bars(rows, "score"),
             )
         )
     full = curves[curves["role"] == Role.REFERENCE]
@@ -79,11 +80,7 @@ def _one_ratio(curves: pd.DataFrame, title: str, quantity: str) -> go.Figure:
             mode="markers",
             name=f"at {ratio:g}x (95% CI)",
             marker={"size": 10},
-            error_y={
-                "type": "data",
-                "array": swept["high"] - swept["score"],
-                "arrayminus": swept["score"] - swept["low"],
-            },
+            error_y=_bars(swept, "score"),
         )
     )
     null = swept[swept["role"] == Role.NULL]
@@ -139,11 +136,7 @@ def head_to_head(rows: pd.DataFrame, title: str) -> go.Figure:
                 mode="markers",
                 name=name,
                 marker={"symbol": symbol, "size": 10},
-                error_x={
-                    "type": "data",
-                    "array": part["high"] - part["Δ (A − B)"],
-                    "arrayminus": part["Δ (A − B)"] - part["low"],
-                },
+                error_x=_bars(part, "Δ (A − B)"),
             )
         )
     figure.add_vline(x=0, line={"dash": "dash", "color": "gray"})

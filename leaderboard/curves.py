@@ -4,13 +4,14 @@ pooled over tasks of one kind of metric; each submission on a board draws its ow
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 from pathlib import Path
 from typing import NamedTuple
 
 import pandas as pd
 
 from kvbench.leaderboard.display import setting_label
-from kvbench.leaderboard.queries import connect, context_or_first
+from kvbench.leaderboard.queries import context_or_first
 from kvbench.results.comparison import RUNTIME
 from kvbench.results.stats import bootstrap_mean, pool
 from kvbench.results.summary import QUANTITIES, most_complete, summarize
@@ -18,6 +19,7 @@ from kvbench.specs.metric_kind import pools, task_metric
 from kvbench.specs.resolved import Role
 from kvbench.specs.task import TaskSpec
 from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
+from kvbench.store.ingest import reading
 
 _CURVE_RUNS = f"""
 SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '{LOCAL_SOURCE}') FROM runs
@@ -38,10 +40,6 @@ class _CurveRun(NamedTuple):
     ratio: float | None
     source: str
 
-    @property
-    def arm_at_ratio(self) -> tuple[str, str, str, Role, float | None, str]:
-        return self.task, self.policy, self.params, self.role, self.ratio, self.source
-
 
 def budget_curves(
     database: Path,
@@ -61,13 +59,13 @@ def budget_curves(
     """
     if tasks is None:
         tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
-    with connect(database) as con:
+    with reading(database) as con:
         runtime, seed = context_or_first(con, model, protocol, runtime, seed)
         query = _CURVE_RUNS.format(sources=run_sources(con))
         found = con.execute(query, [model, protocol, runtime, seed, Role.REFERENCE, list(tasks)]).fetchall()
         runs = [run._replace(role=Role(run.role)) for run in map(_CurveRun._make, found)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
-    runs = most_complete(runs, summaries, key=lambda r: r.arm_at_ratio)
+    runs = most_complete(runs, summaries, key=lambda r: r[1:])  # one run per arm, task and ratio
     swept = {r.task for r in runs if r.ratio is not None}
     settings: dict[str, set[str]] = {}
     sources = {r.source for r in runs}
@@ -85,17 +83,7 @@ def budget_curves(
         label = policy if len(settings[policy]) == 1 else setting_label(policy, params)
         if len(sources) > 1:  # a board's submissions each draw their own lines
             label += f" @{source[:8]}" if source else " (local)"
-        records.append(
-            {
-                "policy": label,
-                "role": role,
-                "ratio": ratio,
-                "score": estimate.value,
-                "low": estimate.low,
-                "high": estimate.high,
-                "problems": estimate.problems,
-            }
-        )
+        records.append((label, role, ratio, *astuple(estimate)))  # value, low, high, problems
     return pd.DataFrame.from_records(
         records, columns=["policy", "role", "ratio", "score", "low", "high", "problems"]
     )
@@ -106,7 +94,7 @@ def curve_groups(
 ) -> dict[str, tuple[str, ...]]:
     """What a budget curve can pool, label -> tasks: the swept tasks (run at a ratio) of each kind of metric
     pooled (where a kind has two or more; "all tasks" when every task is of one kind), then each alone."""
-    with connect(database) as con:
+    with reading(database) as con:
         found = con.execute(
             "SELECT task, any_value(spec->'task') FROM runs WHERE model = ? AND protocol = ? "
             "AND ratio IS NOT NULL GROUP BY task ORDER BY task",

@@ -59,12 +59,8 @@ def parameters_text(params: str | Mapping[str, Any] | None) -> str:
         return str(values)
     if not values:
         return MISSING
-    return ", ".join(f"{key}={_value(value)}" for key, value in values.items())
-
-
-def _value(value: Any) -> str:
     # strings bare, everything else in its JSON spelling (true, null, [1, 2]) so nothing reads ambiguously
-    return value if isinstance(value, str) else json.dumps(value)
+    return ", ".join(f"{key}={v if isinstance(v, str) else json.dumps(v)}" for key, v in values.items())
 
 
 def setting_label(policy: str, params: str) -> str:

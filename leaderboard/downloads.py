@@ -7,14 +7,14 @@ at most ROW_CAP rows with each output cut at OUTPUT_CAP characters.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP
-from kvbench.leaderboard.queries import Capped, connect
+from kvbench.leaderboard.queries import Capped
+from kvbench.store.ingest import reading
 
 LICENCE = (
     "**Licence.** kvbench's own results (scores, intervals, verdicts, per-sample metrics and the outputs "
@@ -46,19 +46,19 @@ WHERE list_contains($runs, s.run_id) ORDER BY s.run_id, s.problem_id, s.sample L
 
 
 def published_runs(database: Path, run_ids: list[str]) -> pd.DataFrame:
-    with connect(database) as con:
+    with reading(database) as con:
         return con.execute(_RUNS, [run_ids]).df()
 
 
 def published_samples(database: Path, run_ids: list[str], limit: int = ROW_CAP) -> Capped:
     """The first ``limit`` sample rows of the runs (by run, problem, sample), and how many there are."""
-    with connect(database) as con:
+    with reading(database) as con:
         rows = con.execute(_SAMPLES, {"runs": run_ids, "cut": OUTPUT_CAP, "limit": limit}).df()
     return Capped(rows, sample_count(database, run_ids))
 
 
 def sample_count(database: Path, run_ids: list[str]) -> int:
-    with connect(database) as con:
+    with reading(database) as con:
         found = con.execute(
             "SELECT count(*) FROM samples WHERE list_contains(?, run_id)", [run_ids]
         ).fetchone()
@@ -70,9 +70,11 @@ def csv_bytes(frame: pd.DataFrame) -> bytes:
 
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:
-    buffer = io.BytesIO()
-    frame.to_parquet(buffer, index=False)
-    return buffer.getvalue()
+    return frame.to_parquet(index=False)  # no path: pandas returns the file's bytes
+
+
+FORMATS = {"CSV": (csv_bytes, "text/csv"), "Parquet": (parquet_bytes, "application/vnd.apache.parquet")}
+"""What a table can be downloaded as: how its bytes are made, and their MIME type."""
 
 
 def deferred(

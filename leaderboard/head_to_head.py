@@ -17,12 +17,13 @@ import pandas as pd
 
 from kvbench.leaderboard.display import MISSING, setting_label
 from kvbench.leaderboard.public import ROW_CAP
-from kvbench.leaderboard.queries import ArmKey, Capped, Compression, connect, table_runs
+from kvbench.leaderboard.queries import ArmKey, Capped, Compression, table_runs
 from kvbench.results.comparison import StoredRun, task_metrics
 from kvbench.results.stats import PairedComparison, compare_arms, holm, pool
 from kvbench.results.summary import most_complete, summarize
 from kvbench.specs.metric_kind import pools
 from kvbench.specs.resolved import Role
+from kvbench.store.ingest import reading
 
 WIN, TIE, LOSS = "A higher", "tie", "B higher"
 ROLE_SUFFIX: dict[str, str] = {Role.NULL: " (null)", Role.REFERENCE: " (full cache)"}
@@ -59,7 +60,7 @@ def head_to_head(
     a: ArmKey,
     b: ArmKey,
 ) -> HeadToHead:
-    with connect(database) as con:
+    with reading(database) as con:
         runs = [r for r in table_runs(con, model, protocol, compression, runtime, seed) if r.arm in (a, b)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
     # as in the table: an arm run twice on a task is represented by its run with the most samples

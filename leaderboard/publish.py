@@ -57,8 +57,7 @@ def public_copy(source: Path, target: Path) -> list[str]:
     Rows are selected into a fresh file, never updated in place, so no old value survives in its pages.
     """
     target.unlink(missing_ok=True)
-    con = duckdb.connect(str(target))
-    try:
+    with duckdb.connect(str(target)) as con:
         con.execute("ATTACH ? AS src (READ_ONLY)", [str(source)])
         tables = [
             r[0]
@@ -73,8 +72,6 @@ def public_copy(source: Path, target: Path) -> list[str]:
             con.execute(f"CREATE TABLE {name} AS {select}")
         con.execute("DETACH src")
         con.execute("CHECKPOINT")
-    finally:
-        con.close()
     return copied
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -22,7 +20,7 @@ from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
 from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
 from kvbench.leaderboard.submissions import notices as board_notices
-from kvbench.results.compare import effect_text, holm_families, needed_text, task_tables
+from kvbench.results.compare import effect_text, holm_families, needed_text, plus_minus, task_tables
 from kvbench.results.comparison import (
     RUNTIME,
     ArmResult,
@@ -41,17 +39,10 @@ from kvbench.store.board_tables import LOCAL_SOURCE
 from kvbench.store.ingest import reading
 
 
-@contextmanager
-def connect(database: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """``database`` read-only; an empty or damaged file is a StorageError naming it and its rebuild."""
-    with reading(database) as con:
-        yield con
-
-
 def has_results(database: Path) -> bool:
     if not database.is_file():
         return False
-    with connect(database) as con:
+    with reading(database) as con:
         tables = {
             row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
         }
@@ -91,34 +82,16 @@ def choices(
 ) -> Choices:
     """The filter values that have runs: models; the model's protocols; their runtimes and protocol
     seeds; then their compressions."""
-    with connect(database) as con:
-        models = [r[0] for r in con.execute("SELECT DISTINCT model FROM runs ORDER BY 1").fetchall()]
+    with reading(database) as con:
+        models = _distinct(con, "model")
         model = model or (models[0] if models else None)
-        protocols = [
-            r[0]
-            for r in con.execute(
-                "SELECT DISTINCT protocol FROM runs WHERE model = ? ORDER BY 1", [model]
-            ).fetchall()
-        ]
+        protocols = _distinct(con, "protocol", ("model", model))
         # the Random Attention paper's protocol first, where it ran: the table a visitor expects
         protocols.sort(key=lambda name: name != DEFAULT_PROTOCOL)
         protocol = protocol or (protocols[0] if protocols else None)
-        runtimes = [
-            r[0]
-            for r in con.execute(
-                f"SELECT DISTINCT {RUNTIME} FROM runs WHERE model = ? AND protocol = ? ORDER BY 1",
-                [model, protocol],
-            ).fetchall()
-        ]
+        runtimes = _distinct(con, RUNTIME, ("model", model), ("protocol", protocol))
         runtime = runtime or (runtimes[0] if runtimes else None)
-        seeds = [
-            r[0]
-            for r in con.execute(
-                f"SELECT DISTINCT protocol_seed FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ? "
-                "ORDER BY 1",
-                [model, protocol, runtime],
-            ).fetchall()
-        ]
+        seeds = _distinct(con, "protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
         seed = seed if seed is not None else (seeds[0] if seeds else None)
         compressions = [
             Compression(ratio, None if ratio else budget)
@@ -132,21 +105,24 @@ def choices(
     return Choices(models, protocols, compressions, runtimes, seeds)
 
 
+def _distinct(con: duckdb.DuckDBPyConnection, column: str, *where: tuple[str, object]) -> list:
+    """The values of ``column`` among the runs that match every (column, value) of ``where``, ascending
+    (NULL last)."""
+    matched = " AND ".join(["TRUE", *(f"{name} = ?" for name, _ in where)])
+    query = f"SELECT DISTINCT {column} FROM runs WHERE {matched} ORDER BY 1"
+    return [r[0] for r in con.execute(query, [value for _, value in where]).fetchall()]
+
+
 def context_or_first(
     con: duckdb.DuckDBPyConnection, model: str, protocol: str, runtime: str | None, seed: int | None
 ) -> tuple[str, int]:
-    """The runtime and protocol seed asked for, or the first stored ones."""
+    """The runtime and protocol seed asked for, or the first (smallest) stored ones."""
     if runtime is None:
-        found = con.execute(
-            f"SELECT min({RUNTIME}) FROM runs WHERE model = ? AND protocol = ?", [model, protocol]
-        ).fetchone()
-        runtime = found[0] if found and found[0] is not None else ""
+        found = _distinct(con, RUNTIME, ("model", model), ("protocol", protocol))
+        runtime = next((r for r in found if r is not None), "")
     if seed is None:
-        found = con.execute(
-            f"SELECT min(protocol_seed) FROM runs WHERE model = ? AND protocol = ? AND {RUNTIME} = ?",
-            [model, protocol, runtime],
-        ).fetchone()
-        seed = found[0] if found and found[0] is not None else 0
+        found = _distinct(con, "protocol_seed", ("model", model), ("protocol", protocol), (RUNTIME, runtime))
+        seed = next((s for s in found if s is not None), 0)
     return runtime, seed
 
 
@@ -206,9 +182,7 @@ def _in_table(run: StoredRun, compression: Compression) -> bool:
 
 
 def _interval(estimate: Estimate) -> str:
-    if math.isnan(estimate.value):
-        return MISSING
-    return f"{estimate.value:.3f} ± {(estimate.high - estimate.low) / 2:.3f}"
+    return plus_minus(estimate.value, estimate.low, estimate.high)  # MISSING where there is none
 
 
 def leaderboard(
@@ -233,7 +207,7 @@ def leaderboard(
     policies' rows are shown: a filter never changes the family of the correction, hence never a
     verdict. Each row names the submission holding its runs and the badge of their newest verifications.
     """
-    with connect(database) as con:
+    with reading(database) as con:
         runs = table_runs(con, model, protocol, compression, runtime, seed)
         summaries = summarize(con, [r.run_id for r in runs], quantity)
         tasks = sorted({r.task for r in runs})
@@ -266,7 +240,8 @@ def leaderboard(
             record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
         for task, results in per_task.items():
             record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
-        records.append(record | _badges(arm, held, conflicting))
+        submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
+        records.append(record | {"submission": submission, "verified": verified})
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
         if (arm.policy, arm.params, arm.source) in mismatched:
@@ -390,11 +365,6 @@ def _memory_columns(arm: ArmResult, memory: dict[str, tuple[float, float, float]
     }
 
 
-def _badges(arm: ArmResult, held: pd.DataFrame, conflicting: set[str]) -> dict[str, str]:
-    submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
-    return {"submission": submission, "verified": verified}
-
-
 def _record(arm: ArmResult, tasks: list[str], summaries: dict[str, CellSummary]) -> dict:
     """The arm's own columns: its score per task and what its budget cost, pooled over its tasks."""
     record: dict = {"policy": arm.policy, "role": arm.role}
@@ -427,7 +397,7 @@ def _tested(arm: ArmResult | None, prefix: str, role: Role | None = None) -> dic
     test = arm.test if arm is not None else None
     role = arm.role if arm is not None else role
     values = {
-        "verdict": _badge(test.verdict) if test else ROLES[role] if role else MISSING,
+        "verdict": BADGES.get(test.verdict or "", MISSING) if test else ROLES[role] if role else MISSING,
         "Δ vs null": test.difference.value if test else (0.0 if role == Role.NULL else math.nan),
         "p (Holm)": test.p_adjusted if test else math.nan,
         "W/T/L": f"{test.wins}/{test.ties}/{test.losses}" if test else MISSING,
@@ -463,10 +433,6 @@ BADGES = {
 }
 
 
-def _badge(verdict: str | None) -> str:
-    return BADGES.get(verdict or "", MISSING)
-
-
 _BENCH = """
 SELECT policy, kind AS benchmark, adapter, budget, tokens, tokens_per_second, speed_vs_full,
        peak_kv_bytes / 2^20 AS peak_kv_mib, memory_vs_full, ms_per_event,
@@ -484,7 +450,7 @@ _DECODE_ONLY = "SELECT *, 'decode' AS kind, 'hf' AS adapter, NULL::JSON AS detai
 def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame:
     """The newest `kvbench bench decode` and `bench serve` row per policy and adapter for the model, beside
     the policy's average score where the table has one (its tasks of one kind of metric)."""
-    with connect(database) as con:
+    with reading(database) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
             return pd.DataFrame()
@@ -501,7 +467,7 @@ def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Per policy of the table's runs, what its eviction events cost in those runs: milliseconds per event
     of one sample (each sample's share of its batch's event time, over its events) and that over the
     null's, from the samples the runs recorded (no benchmark needed)."""
-    with connect(database) as con:
+    with reading(database) as con:
         cost = con.execute(
             "SELECT r.policy, r.role, sum(s.evictions) AS events, "
             "1000 * sum(s.eviction_seconds) / nullif(sum(s.evictions), 0) AS ms_per_event "
@@ -516,7 +482,7 @@ def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
 
 def policy_runs(database: Path, policy: str) -> pd.DataFrame:
     """Every stored run of one policy, with its score: the policy page's per-task results."""
-    with connect(database) as con:
+    with reading(database) as con:
         runs = con.execute(
             "SELECT run_id, model, task, protocol, budget, ratio, policy_params AS parameters, visibility "
             "FROM runs WHERE policy = ? ORDER BY model, task, protocol, ratio, budget",
@@ -545,7 +511,7 @@ class Capped(NamedTuple):
 def problems(database: Path, run_id: str, limit: int = ROW_CAP) -> Capped:
     """Per-sample rows of one run, the first ``limit`` of them. Output text only for public tasks: a
     private task's is never selected."""
-    with connect(database) as con:
+    with reading(database) as con:
         rows = con.execute(
             "SELECT s.problem_id, s.sample, s.metric, s.correct, s.finish_reason, s.generated_tokens, "
             "s.evictions, CASE WHEN r.visibility = 'public' THEN s.output END AS output "
@@ -570,14 +536,14 @@ FROM runs WHERE list_contains(?, run_id) ORDER BY label
 
 def trust_notices(database: Path) -> Notices:
     """What the page says of the board's trust above every table (kvbench.leaderboard.submissions)."""
-    with connect(database) as con:
+    with reading(database) as con:
         return board_notices(con)
 
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Where every number came from: run, spec hash, versions, hardware, date; for a submitted run, its
     submission and the newest verification, with the machine that re-ran it (CPU and GPU models)."""
-    with connect(database) as con:
+    with reading(database) as con:
         runs = con.execute(_PROVENANCE, [run_ids]).df()
         held = held_runs(con, run_ids)
     held = held.rename(columns={"submitter": "submission", "outcome": "verification"})
@@ -588,7 +554,7 @@ def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
 
 def policy_documentation(database: Path, policy: str) -> dict | None:
     """The documentation saved with the newest run of ``policy``: that of the code behind its numbers."""
-    with connect(database) as con:
+    with reading(database) as con:
         found = con.execute(
             "SELECT policy_doc FROM runs WHERE policy = ? AND policy_doc IS NOT NULL "
             "ORDER BY created DESC LIMIT 1",

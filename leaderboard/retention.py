@@ -14,8 +14,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvbench.leaderboard.display import MISSING
-from kvbench.leaderboard.queries import Table, connect
+from kvbench.leaderboard.queries import Table
 from kvbench.specs.resolved import Role
+from kvbench.store.ingest import reading
 
 FIGURES = {
     "head_coverage": ("cross-head coverage", "layer", "|∪ kept| / (Hkv · (K − B))"),
@@ -45,7 +46,7 @@ def retention_figures(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Per policy (its role beside it), figure and x: the mean over the runs' samples, and how many.
 
     ``figure`` is a list column of the samples (x its index) or ``recall`` (x the needle's events)."""
-    with connect(database) as con:
+    with reading(database) as con:
         return con.execute(
             f"""
             WITH points AS (

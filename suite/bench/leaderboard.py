@@ -40,8 +40,7 @@ def synthetic_store(
     path: Path, *, policies: int, tasks: int = 4, problems: int = 50, samples: int = 4
 ) -> int:
     """Write a database with ``policies`` policies under test; returns its number of sample rows."""
-    con = duckdb.connect(str(path))
-    try:
+    with duckdb.connect(str(path)) as con:
         con.execute(SCHEMA)
         con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         arms = [(f"policy-{i:02d}", Role.POLICY) for i in range(policies)] + [
@@ -59,8 +58,6 @@ def synthetic_store(
         con.register("new_runs", pa.Table.from_pylist(runs, schema=arrow_schema(RunRecord)))
         con.execute("INSERT INTO runs BY NAME SELECT * FROM new_runs")
         return con.execute("SELECT count(*) FROM samples").fetchall()[0][0]
-    finally:
-        con.close()
 
 
 def _run(run_id: str, role: Role, task: str, policy: str, samples: int) -> dict:

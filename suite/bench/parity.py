@@ -103,15 +103,9 @@ def compare_traces(reference: Trace, other: Trace) -> TraceComparison:
             shares.append(1.0)
             continue
         if first is None:
-            layer = next(
-                (
-                    i
-                    for i in range(min(len(a), len(b)))
-                    if a[i].shape != b[i].shape or not torch.equal(a[i], b[i])
-                ),
-                min(len(a), len(b)),
-            )
-            first = {"event": event, "layer": layer}
+            pairs = enumerate(zip(a, b, strict=False))  # layers both have; a missing one differs
+            differ = (i for i, (x, y) in pairs if x.shape != y.shape or not torch.equal(x, y))
+            first = {"event": event, "layer": next(differ, min(len(a), len(b)))}
         shares.append(_overlap(a, b))
     if first is None and len(reference) != len(other):
         first = {"event": min(len(reference), len(other)), "layer": 0}

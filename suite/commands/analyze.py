@@ -26,7 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def values_command(args: argparse.Namespace) -> int:
     import pandas as pd
-    from rich.table import Table
+    from rich.table import Column, Table
     from rich.text import Text
 
     from kvbench.analysis.collect import collect, write_table
@@ -56,13 +56,9 @@ def values_command(args: argparse.Namespace) -> int:
     ingest(args.db)
     table = pd.DataFrame([s.__dict__ for s in analysis.stats])
     title = f"{analysis.model} on {analysis.task}: {analysis.problems} traces, {analysis.tokens} tokens"
-    summary = Table(title=title)
-    summary.add_column("layer", justify="right")
-    summary.add_column("max/median Range(v)", justify="right")
-    summary.add_column(f"share > {args.above:g}× median", justify="right")
-    for b in bits:
-        summary.add_column(f"Pearson {b}-bit", justify="right")
-        summary.add_column(f"Spearman {b}-bit", justify="right")
+    columns = ["layer", "max/median Range(v)", f"share > {args.above:g}× median"]
+    columns += [f"{kind} {b}-bit" for b in bits for kind in ("Pearson", "Spearman")]
+    summary = Table(*(Column(c, justify="right") for c in columns), title=title)
     for layer, rows in table.groupby("layer"):
         heads = rows[rows["head"].notna()]
         layer_wide = rows[rows["head"].isna()]

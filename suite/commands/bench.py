@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import console, mib, output_file, output_folder
+from kvbench.commands.common import console, measured_table, mib, output_file, output_folder
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -101,20 +101,12 @@ def bench_sandbox_command(args: argparse.Namespace) -> int:
 
     rows = time_sandbox(args.repeats)
     title = "one code test: a plain subprocess against the sandbox (bwrap + harness + grading)"
-    table = _table(title, ("arm", "runs", "median ms", "p90 ms", "× plain"))
+    table = measured_table(title, ("arm", "runs", "median ms", "p90 ms", "× plain"))
     for row in rows:
         ratio = row.median_ms / rows[0].median_ms
         table.add_row(row.arm, str(row.runs), f"{row.median_ms:.1f}", f"{row.p90_ms:.1f}", f"{ratio:.2f}")
     _report(table, describe_machine())
     return 0
-
-
-def _table(title: str, columns: Sequence[str]) -> Table:
-    """A benchmark's table: what was measured (the first column) to the left, the numbers to the right."""
-    table = Table(title=title)
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    return table
 
 
 def _report(table: Table, machine: dict, rows: Sequence = (), json_path: str | None = None) -> None:
@@ -166,7 +158,7 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
         f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
     )
-    table = _table(title, columns)
+    table = measured_table(title, columns)
     in_process = {(r.policy.removesuffix(" (in process)"), r.batch): r.ms_per_event for r in results}
     for r in results:
         apart = in_process.get((r.policy.removesuffix(" (isolated)"), r.batch))
@@ -235,7 +227,7 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     )
     columns = ("policy", "K held", "tokens/s", "× full", "events", "ms / event", "barrier stall ms",
                "time evicting", "peak KV", "KV × full", "freed / seq")  # fmt: skip
-    table = _table(title, columns)
+    table = measured_table(title, columns)
     for r in results:
         table.add_row(
             r.policy,
@@ -253,10 +245,8 @@ def bench_decode_command(args: argparse.Namespace) -> int:
     machine = describe_machine(args.device)
     _report(table, machine, results, args.json)
     if args.out:
-        settings = {
-            "model": args.model, "tokens": args.tokens, "budget": args.budget, "buffer": args.buffer,
-            "batch": args.batch, "device": args.device, "batching": "fixed-batch",
-        }  # fmt: skip
+        settings = {k: getattr(args, k) for k in ("model", "tokens", "budget", "buffer", "batch", "device")}
+        settings["batching"] = "fixed-batch"
         console.print(f"recorded in {_record(args.out, settings, machine, results)}")
     return 0
 
@@ -284,7 +274,7 @@ def bench_serve_command(args: argparse.Namespace) -> int:
     columns = ("policy", "memory", "out tok/s", "× full", "req/s", "peak running", "× full",
                "peak blocks", "preempt", "TPOT ms", "× full", "events", "select ms/ev", "move ms/ev",
                "time evicting")  # fmt: skip
-    table = _table(title, columns)
+    table = measured_table(title, columns)
     for r in results:
         table.add_row(
             r.policy,
@@ -321,7 +311,7 @@ def bench_leaderboard_command(args: argparse.Namespace) -> int:
     from kvbench.provenance import describe_machine
 
     title = "leaderboard: one app run (queries, statistics, layout) on synthetic stores, 4 tasks"
-    table = _table(title, ("store", "policies", "sample rows", "first render (s)", "rerun (s)"))
+    table = measured_table(title, ("store", "policies", "sample rows", "first render (s)", "rerun (s)"))
     with tempfile.TemporaryDirectory(prefix="kvbench-board-") as scratch:
         for label, shape, public in CASES:
             database = Path(scratch) / f"{label.replace(' ', '-').replace(',', '')}.duckdb"

@@ -64,7 +64,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     tally = aa_comparisons(groups)
     result = calibration([c for _, c in tally])
     exchange = seed_exchangeability({label: g.scores for label, g in groups.items()})
-    shift = injected_shift(shifted_pairs(groups))
+    # the same A/A pairs, each with its cell's margin, one arm moved by it
+    pairs = [(g.scores[a], g.scores[b], g.margin) for g in groups.values() for a, b in g.pairs()]
+    shift = injected_shift(pairs)
     print_calibration(result)
     print_checks(exchange, shift)
     if args.json:
@@ -148,15 +150,9 @@ def aa_comparisons(groups: dict[str, NullSeeds]) -> list[tuple[str, PairedCompar
     return out
 
 
-def shifted_pairs(groups: dict[str, NullSeeds]) -> list[tuple[dict[str, float], dict[str, float], float]]:
-    """The same A/A pairs with their cell's margin: what kvbench.results.aa.injected_shift moves."""
-    return [(g.scores[a], g.scores[b], g.margin) for g in groups.values() for a, b in g.pairs()]
-
-
 def print_calibration(result) -> None:
-    table = Table(title=f"A/A calibration: the null against itself, {result.comparisons} pairs of seeds")
-    for column in ("verdict", "count", "share"):
-        table.add_column(column)
+    title = f"A/A calibration: the null against itself, {result.comparisons} pairs of seeds"
+    table = Table("verdict", "count", "share", title=title)
     for verdict, count in result.verdicts.items():
         table.add_row(verdict, str(count), f"{count / max(result.comparisons, 1):.1%}")
     console.print(table)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from kvbench.commands.common import console
@@ -48,10 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _findings_table(findings: Sequence[Finding], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("cell", no_wrap=True)  # whole, so that a log can be searched for it
-    for column in ("reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail"):
-        table.add_column(column)
+    cell = Column("cell", no_wrap=True)  # whole, so that a log can be searched for it
+    table = Table(cell, "reference [95% CI]", "now [95% CI]", "tolerance", "status", "detail", title=title)
     for f in findings:
         table.add_row(
             f.key,
@@ -140,9 +138,8 @@ def print_verdicts(cells: list[Cell], snapshot: Path) -> None:
     from kvbench.commands.run import build_report
     from kvbench.results.compare import effect_text, margin_text, verdict_text
 
-    table = Table(title="verdicts against the null (Holm across each table's policies)")
-    for column in ("cell", "Δ vs null [95% CI]", "W/T/L", "verdict", "margin / MDE"):
-        table.add_column(column, no_wrap=column == "cell")
+    columns = (Column("cell", no_wrap=True), "Δ vs null [95% CI]", "W/T/L", "verdict", "margin / MDE")
+    table = Table(*columns, title="verdicts against the null (Holm across each table's policies)")
     for cell, row in zip(cells, build_report(cells, snapshot), strict=True):
         if row["p_holm"] is None:  # the null, the full cache, or a policy without its null
             continue

@@ -7,12 +7,13 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
 from rich.segment import Segment
+from rich.table import Table
 
 from kvbench.errors import StorageError
 
@@ -63,19 +64,17 @@ def text_console(**settings: Any) -> Console:
 console = text_console(width=None if sys.stdout.isatty() else 160)
 
 
-def output_folder(folder: Path, flag: str) -> Path:
+def output_folder(folder: Path, flag: str) -> None:
     """``folder`` checked writable before any work is done (or, while it does not exist, the folder it
     would be made in), so that a results folder that cannot take a file fails now, naming its flag, and
     not after the run; a command refused before it starts leaves no folder behind."""
     existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
     _writable(existing, flag, folder, make=False)
-    return folder
 
 
-def output_file(path: Path, flag: str) -> Path:
+def output_file(path: Path, flag: str) -> None:
     """``path``'s folder made if missing and checked writable before any work is done (as output_folder)."""
     _writable(path.parent, flag, path)
-    return path
 
 
 def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
@@ -88,6 +87,15 @@ def _writable(folder: Path, flag: str, given: Path, make: bool = True) -> None:
         raise StorageError(
             f"{flag} {given}: cannot write in {folder} ({exc.strerror or exc}); give a path you can write to"
         ) from exc
+
+
+def measured_table(title: str | None, columns: Sequence[str]) -> Table:
+    """A table of measurements: what was measured (the first column) to the left, the numbers to the
+    right."""
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    return table
 
 
 def mib(nbytes: int) -> str:

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.filesize import decimal
-from rich.table import Table
 
-from kvbench.commands.common import console
+from kvbench.commands.common import console, measured_table
 
 if TYPE_CHECKING:
     from kvbench.runner.cell import Cell
@@ -132,10 +131,8 @@ def print_plan(plan: MemoryPlan) -> None:
     )
     if plan.max_batch is not None:
         console.print(f"  at most {plan.max_batch} samples at once (--max-batch)")
-    table = Table()
     columns = ("arm", "tokens", "K", "slots", "cache/sample", "batch", "batches", "activations", "total")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "arm" else "right")
+    table = measured_table(None, columns)
     for arm in plan.arms:
         table.add_row(
             arm.label,

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-
 from kvbench.commands.common import add_threads_argument, console, mib, use_threads, warn_if_busy
 
 if TYPE_CHECKING:
@@ -60,6 +58,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def generate_command(args: argparse.Namespace) -> int:
     from kvbench.adapters.base import Sampling, ended, find_adapter
+    from kvbench.commands.common import measured_table
     from kvbench.core.calibration import QueryStats, default_path
     from kvbench.core.schedule import Schedule
     from kvbench.core.seeding import sample_seed
@@ -99,27 +98,20 @@ def generate_command(args: argparse.Namespace) -> int:
         )
     for i, sample in enumerate(result.samples):
         console.rule(f"sample {i} ({sample.finish_reason}, {sample.generated} tokens)")
-        console.print(sample.text, markup=False, highlight=False)
-    table = Table(
-        title=f"{policy.name} on {spec.name}: K={schedule.budget}, B={schedule.buffer}, "
-        f"protection={schedule.protection}"
-    )
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
+        console.print(sample.text, highlight=False)  # the console reads no markup
+    title = f"{policy.name} on {spec.name}: K={schedule.budget}, B={schedule.buffer}, "
+    title += f"protection={schedule.protection}"
+    table = measured_table(title, ("quantity", "value"))
     per_event = result.eviction_seconds / result.eviction_events * 1e3 if result.eviction_events else 0.0
     decoding = max(result.decode_seconds, 1e-9)
-    rows = [
-        ("adapter", args.adapter),
-        ("prompt tokens (protected)", f"{result.prompt_tokens} ({result.protected.count})"),
-        ("generated tokens", ", ".join(str(s.generated) for s in result.samples)),
-        ("eviction events", str(result.eviction_events)),
-        ("ms per event", f"{per_event:.2f}"),
-        ("share of decode time evicting", f"{result.eviction_seconds / decoding:.1%}"),
-        ("decode tokens/s", f"{sum(s.generated for s in result.samples) / decoding:.1f}"),
-        ("peak KV cache", mib(result.peak_kv_bytes)),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
+    table.add_row("adapter", args.adapter)
+    table.add_row("prompt tokens (protected)", f"{result.prompt_tokens} ({result.protected.count})")
+    table.add_row("generated tokens", ", ".join(str(s.generated) for s in result.samples))
+    table.add_row("eviction events", str(result.eviction_events))
+    table.add_row("ms per event", f"{per_event:.2f}")
+    table.add_row("share of decode time evicting", f"{result.eviction_seconds / decoding:.1%}")
+    table.add_row("decode tokens/s", f"{sum(s.generated for s in result.samples) / decoding:.1f}")
+    table.add_row("peak KV cache", mib(result.peak_kv_bytes))
     console.print(table)
     return 0
 

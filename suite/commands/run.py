@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -257,31 +257,20 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def run_request(args: argparse.Namespace) -> RunRequest:
-    """The command line as the planner's request."""
+    """The command line as the planner's request: each field from the flag of its name, or as below."""
+    from dataclasses import fields
+
     from kvbench.runner.plan import RunRequest
 
-    return RunRequest(
-        suite=args.suite,
-        policies=tuple(args.policy),
-        protocol=args.protocol,
-        tasks=tuple(args.task),
-        models=tuple(args.model),
-        budget=args.budget,
-        ratio=args.ratio,
-        samples=args.samples,
-        limit=args.limit,
-        seed=args.seed,
-        baselines=not args.no_baselines,
-        data=str(args.data.resolve()) if args.data else None,
-        max_new_tokens=args.max_new_tokens,
-        allow_code_execution=args.allow_code_execution,
-        adapter=args.adapter,
-        device=args.device,
-        dtype=args.dtype,
-        attention=args.attention,
-        isolate=args.isolate,
-        scorer_seconds=args.scorer_seconds,
-    )
+    given: dict[str, Any] = {
+        "policies": tuple(args.policy),
+        "tasks": tuple(args.task),
+        "models": tuple(args.model),
+        "baselines": not args.no_baselines,
+        "data": str(args.data.resolve()) if args.data else None,
+    }
+    named: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(RunRequest) if f.name not in given}
+    return RunRequest(**given, **named)
 
 
 def build_report(cells: Sequence[Cell], database: Path) -> list[dict]:

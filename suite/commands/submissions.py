@@ -190,10 +190,9 @@ def accept_command(args: argparse.Namespace) -> int:
             "output environment gave other outputs. Both stay on the board, flagged; verify both bundles "
             "(`kvbench verify BUNDLE --db ...`) and the one whose re-run differs stops counting:",
             highlight=False,
-            markup=False,
         )
         for line in done.conflicts:
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -239,7 +238,6 @@ def verify_command(args: argparse.Namespace) -> int:
     console.print(
         f"{time.perf_counter() - started:.1f} s on {json.dumps(outcomes[0].machine) if outcomes else '-'}",
         highlight=False,
-        markup=False,
     )
     if args.json is not None:
         text = json.dumps({"bundle_sha256": sha256, "outcomes": [asdict(o) for o in outcomes]})
@@ -251,7 +249,6 @@ def verify_command(args: argparse.Namespace) -> int:
                 f"{len(gone)} run(s) failed verification and no longer count on {args.db}: no verdict, "
                 "pairing or curve reads them (a later verification that passes brings them back)",
                 highlight=False,
-                markup=False,
             )
     return _verify_status(outcomes)
 
@@ -265,7 +262,7 @@ def _verify_status(outcomes: list) -> int:
         if found:
             names = ", ".join(f"{o.run_id} ({o.label})" for o in found)
             line = f"{len(found)} run(s) {word}: {names}"
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(line, highlight=False, soft_wrap=True)
     return 1 if failed else 3 if unchecked else 0
 
 

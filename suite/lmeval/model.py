@@ -209,7 +209,12 @@ class KVBenchLM(HFLM):
             "model_sha": "",
             "kvbench": {
                 **self.settings.record(self.schedule),
-                "totals": _totals(self.requests),
+                "totals": {
+                    "requests": len(self.requests),
+                    "eviction_events": sum(r["eviction_events"] for r in self.requests),
+                    "eviction_seconds": sum(r["eviction_seconds"] for r in self.requests),
+                    "peak_kv_bytes": max((r["peak_kv_bytes"] for r in self.requests), default=0),
+                },
                 "requests": self.requests,
             },
         }
@@ -268,15 +273,6 @@ def _sampling(kwargs: dict[str, Any], request: Any) -> Sampling:
             "with --gen_kwargs or the task's generation_kwargs"
         )
     return task_sampling(kwargs)
-
-
-def _totals(requests: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "requests": len(requests),
-        "eviction_events": sum(r["eviction_events"] for r in requests),
-        "eviction_seconds": sum(r["eviction_seconds"] for r in requests),
-        "peak_kv_bytes": max((r["peak_kv_bytes"] for r in requests), default=0),
-    }
 
 
 def register() -> None:

@@ -220,7 +220,8 @@ class LoadedTask:
         self.filter.apply([request])
         filtered = request.filtered_resps[self.filter.name]
         metrics = self.task.process_results(doc, [filtered])
-        return {"filtered": filtered, "metrics": {k: _plain(v) for k, v in metrics.items()}}
+        plain = {k: v.item() if hasattr(v, "item") else v for k, v in metrics.items()}  # numpy scalars: JSON
+        return {"filtered": filtered, "metrics": plain}
 
 
 def task_sampling(kwargs: dict[str, Any]) -> Sampling:
@@ -236,11 +237,6 @@ def task_sampling(kwargs: dict[str, Any]) -> Sampling:
 def _sha256(value: Any) -> str:
     """The hex sha256 of a JSON-able value (keys sorted), as lm-eval tasks' identities have stored it."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars as Python numbers (they are stored as JSON)."""
-    return value.item() if hasattr(value, "item") else value
 
 
 class LmEvalTaskSource(HubSource):

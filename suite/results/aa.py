@@ -73,7 +73,7 @@ def seed_exchangeability(
         stats = np.concatenate(
             [
                 _spread(rng.permuted(np.broadcast_to(matrix, (k, *matrix.shape)), axis=-1))
-                for k in _chunks(draws)
+                for k in (min(_CHUNK, draws - start) for start in range(0, draws, _CHUNK))
             ]
         )
         if stats.mean() > 0:  # some problem scores differ between seeds
@@ -88,10 +88,6 @@ def seed_exchangeability(
         most,
         draws,
     )
-
-
-def _chunks(draws: int) -> list[int]:
-    return [min(_CHUNK, draws - start) for start in range(0, draws, _CHUNK)]
 
 
 def _share_at_least(shuffled: np.ndarray, observed: float) -> float:

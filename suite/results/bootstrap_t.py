@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -73,17 +74,13 @@ def studentize(rows: np.ndarray, counts: np.ndarray, bounds: tuple[float, float]
     return Studentized(mean, np.where(constant, 0.0, se), np.sort(studentized, axis=1), constant, n, bounds)
 
 
-def _share_at_least(s: Studentized, value: np.ndarray) -> np.ndarray:
-    """(1 + #{t* ≥ value})/(1 + draws) per row: a Monte Carlo p-value that never falls below its level."""
+def _tail_share(s: Studentized, value: np.ndarray, above: bool) -> np.ndarray:
+    """(1 + #{t* ≥ value})/(1 + draws) per row (``above``; else #{t* ≤ value}): a Monte Carlo p-value
+    that never falls below its level."""
     draws = s.t.shape[1]
-    below = np.array([np.searchsorted(t, v, side="left") for t, v in zip(s.t, value, strict=True)])
-    return (1 + draws - below) / (1 + draws)
-
-
-def _share_at_most(s: Studentized, value: np.ndarray) -> np.ndarray:
-    draws = s.t.shape[1]
-    at_most = np.array([np.searchsorted(t, v, side="right") for t, v in zip(s.t, value, strict=True)])
-    return (1 + at_most) / (1 + draws)
+    side: Literal["left", "right"] = "left" if above else "right"
+    found = np.array([np.searchsorted(t, v, side=side) for t, v in zip(s.t, value, strict=True)])
+    return (1 + (draws - found if above else found)) / (1 + draws)
 
 
 def _constant_p(s: Studentized, null: float, above: bool) -> np.ndarray:
@@ -100,29 +97,22 @@ def _constant_p(s: Studentized, null: float, above: bool) -> np.ndarray:
     return share**s.problems
 
 
-def p_above(s: Studentized, null: float) -> np.ndarray:
-    """p-value of H0: μ ≤ null against μ > null."""
+def one_sided_p(s: Studentized, null: float, above: bool) -> np.ndarray:
+    """p-value of H0: μ ≤ null against μ > null (``above``), else of H0: μ ≥ null against μ < null."""
     with np.errstate(divide="ignore", invalid="ignore"):
         observed = (s.mean - null) / np.where(s.se > 0, s.se, 1.0)
-    p = _share_at_least(s, np.where(s.se > 0, observed, 0.0))
-    return np.where(s.constant, _constant_p(s, null, above=True), p)
-
-
-def p_below(s: Studentized, null: float) -> np.ndarray:
-    """p-value of H0: μ ≥ null against μ < null."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        observed = (s.mean - null) / np.where(s.se > 0, s.se, 1.0)
-    p = _share_at_most(s, np.where(s.se > 0, observed, 0.0))
-    return np.where(s.constant, _constant_p(s, null, above=False), p)
+    p = _tail_share(s, np.where(s.se > 0, observed, 0.0), above)
+    return np.where(s.constant, _constant_p(s, null, above), p)
 
 
 def two_sided_p(s: Studentized, null: float = 0.0) -> np.ndarray:
-    return np.minimum(1.0, 2 * np.minimum(p_above(s, null), p_below(s, null)))
+    smaller = np.minimum(one_sided_p(s, null, above=True), one_sided_p(s, null, above=False))
+    return np.minimum(1.0, 2 * smaller)
 
 
 def equivalence_p(s: Studentized, margin: float) -> np.ndarray:
     """TOST: the larger of the p-values of H0: μ ≤ −margin and H0: μ ≥ +margin."""
-    return np.maximum(p_above(s, -margin), p_below(s, margin))
+    return np.maximum(one_sided_p(s, -margin, above=True), one_sided_p(s, margin, above=False))
 
 
 def interval(s: Studentized, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:

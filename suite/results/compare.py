@@ -48,16 +48,10 @@ class Filters:
     quantity: str = "score"
     """What arms are ranked and paired by: a name in kvbench.results.summary.QUANTITIES."""
     family: str = "table"
-    """What each Holm correction runs over: a name in FAMILIES."""
-
-
-FAMILIES = {
-    "table": "the policies of one table: one task at one budget, or one pooled table",
-    "sweep": "every table of one model, protocol, runtime, seed and source, across tasks and budgets "
-    "(pooled tables: every pooled table of them, a family of their own)",
-}
-"""`kvbench compare --family`: what a Holm correction runs over. Filters (--task, --budget) never change
-a family: a sweep's family is formed before they choose the rows shown."""
+    """What each Holm correction runs over (`kvbench compare --family`): ``table``, the policies of one
+    table (one task at one budget, or one pooled table); ``sweep``, every table of one model, protocol,
+    runtime, seed and source across tasks and budgets (pooled tables a family of their own). Filters
+    (--task, --budget) never change a family: a sweep's is formed before they choose the rows shown."""
 
 
 COLUMNS = (
@@ -158,9 +152,11 @@ def compare(database: Path, filters: Filters) -> list[dict]:
         if filters.task not in (None, *table.members, table.context[1]):
             continue
         pooled_row = len(table.members) > 1
+        # the arms a comparison lists (neither the baseline nor the full cache), by policy and parameters
+        shown = [a for a in table.arms if a.role != Role.REFERENCE and a.policy != filters.against]
         rows += [
             arm_row(table.context, table.budget, table.ratio, arm, pooled=pooled_row)
-            for arm in _sorted(table.arms, filters.against)
+            for arm in sorted(shown, key=lambda a: (a.policy, a.params))
         ]
     return rows
 
@@ -251,12 +247,6 @@ def sweep_families(tables: list[TaskTable]) -> list[TaskTable]:
         for i, arms in zip(indices, judged, strict=True):
             out[i] = replace(tables[i], arms=arms)
     return out
-
-
-def _sorted(arms: list[ArmResult], against: str) -> list[ArmResult]:
-    """The arms a comparison lists (neither the baseline nor the full cache), by policy and parameters."""
-    shown = [a for a in arms if a.role != Role.REFERENCE and a.policy != against]
-    return sorted(shown, key=lambda a: (a.policy, a.params))
 
 
 def arm_row(key: tuple, budget: int | None, ratio: float | None, arm: ArmResult, *, pooled: bool) -> dict:
@@ -374,11 +364,7 @@ def display_cells(row: dict) -> list[str]:
         f"{_number(row['mean_generated_tokens'], '.0f')} ({_number(row['lengthening'], '.2f')}×) / "
         f"{_number(row['tokens_per_correct'], '.0f')} ({_number(row['delta_tokens_per_correct'], '+.0f')})",
         f"{_signed_interval(row, 'delta_tokens', '.0f')} / {_number(row['delta_truncation'], '+.0%')}",
-        (
-            f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
-            if row["wins"] == 0 and row["losses"] == 0
-            else _signed_interval(row, "delta", ".3f")
-        ),
+        delta_cell(row, interval=True),
         "—" if row["wins"] is None else f"{row['wins']}/{row['ties']}/{row['losses']}",
         verdict_text(row),
         "—"
@@ -449,10 +435,13 @@ def inside_margin(row: dict) -> bool:
     return not math.isnan(margin) and abs(delta) < margin
 
 
-def delta_cell(row: dict) -> str:
-    """Δ ± half its 95% interval; where no problem differs, that instead of a zero-width interval."""
+def delta_cell(row: dict, *, interval: bool = False) -> str:
+    """Δ ± half its 95% interval (``interval``: Δ [low, high]); where no problem differs, that instead of
+    a zero-width interval."""
     if row.get("wins") == 0 and row.get("losses") == 0:
         return f"{row['delta']:+.3f} ({NO_PROBLEM_DIFFERS})"
+    if interval:
+        return _signed_interval(row, "delta", ".3f")
     return plus_minus(row["delta"], row["delta_low"], row["delta_high"], signed=True)
 
 
@@ -497,15 +486,13 @@ def power_notes(rows: list[dict]) -> list[str]:
     one line where no arm of the table differs from the null on any problem."""
     tested = [r for r in rows if r["wins"] is not None]
     waiting = [r for r in tested if r["verdict"] == "inconclusive"]
-    notes = family_notes(tested) + margin_notes(tested)
+    notes = holm_families((r["family"], r["family_size"]) for r in tested if r.get("family"))
+    # which equivalence margin the rows used and which spec field declared it, once per margin
+    margins = dict.fromkeys((r.get("margin"), r.get("margin_from")) for r in tested if r.get("margin_from"))
+    notes += [f"equivalence margin {margin_text(margin)}: {where}" for margin, where in margins]
     if waiting and all(r["wins"] == r["losses"] == 0 for r in tested):
         return [*notes, NO_DIFFERENCE]
     return [*notes, *(f"{r['policy']}: inconclusive; {row_needs(r)}" for r in waiting)]
-
-
-def family_notes(rows: list[dict]) -> list[str]:
-    """What each Holm correction of these rows ran over, once per family."""
-    return holm_families((r["family"], r["family_size"]) for r in rows if r.get("family"))
 
 
 def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
@@ -514,12 +501,6 @@ def holm_families(families: Iterable[tuple[str, int]]) -> list[str]:
         f"Holm over {size} comparison{'s' * (size != 1)}: {family}"
         for family, size in dict.fromkeys(families)
     ]
-
-
-def margin_notes(rows: list[dict]) -> list[str]:
-    """Which equivalence margin these rows used and which spec field declared it, once per margin."""
-    seen = dict.fromkeys((r.get("margin"), r.get("margin_from")) for r in rows if r.get("margin_from"))
-    return [f"equivalence margin {margin_text(margin)}: {where}" for margin, where in seen]
 
 
 def margin_text(margin: float | None) -> str:

@@ -217,19 +217,12 @@ def compare_table(
     The tests are Holm-corrected across the table's policies (table_family); judged_together corrects
     several tables as one family instead.
     """
-    sources = dict.fromkeys(run.source for run in runs)
-    return [
-        arm
-        for source in sources
-        for arm in _compare_source(
-            [r for r in runs if r.source == source],
-            summaries,
-            tasks=tasks,
-            also=also,
-            baseline=baseline,
-            quantity=quantity,
-        )
-    ]
+    arms = []
+    for source in dict.fromkeys(run.source for run in runs):
+        table = _Source([r for r in runs if r.source == source], summaries, tasks, baseline)
+        tests = table.tests(QUANTITIES[quantity])
+        arms += [table.result(arm, tests.get(arm), also) for arm in table.arms]
+    return arms
 
 
 def table_family(runs: Sequence[StoredRun], tasks: Sequence[str], baseline: str) -> str:
@@ -256,21 +249,6 @@ def judged_together(tables: Sequence[Sequence[ArmResult]], family: str) -> list[
         holm_verdicts([a.test for table in tables for a in table if a.test is not None], family=family)
     )
     return [[replace(a, test=next(judged)) if a.test is not None else a for a in table] for table in tables]
-
-
-def _compare_source(
-    runs: Sequence[StoredRun],
-    summaries: Mapping[str, CellSummary],
-    *,
-    tasks: Sequence[str],
-    also: Sequence[str],
-    baseline: str,
-    quantity: str,
-) -> list[ArmResult]:
-    """compare_table on the runs of one source."""
-    source = _Source(runs, summaries, tasks, baseline)
-    tests = source.tests(QUANTITIES[quantity])
-    return [source.result(arm, tests.get(arm), also) for arm in source.arms]
 
 
 Scores = dict[tuple[str, str], float]
@@ -358,7 +336,7 @@ class _Source:
         if test is not None:
             vs_base = test.difference
         elif arm[2] == Role.REFERENCE and base_scores is not None:
-            vs_base = paired_difference(pooled, base_scores, bounded=_bounded(pooled, base_scores))
+            vs_base = paired_difference(pooled, base_scores, bounded=None)
         else:
             vs_base = None
         shown = [t for t in dict.fromkeys((*tasks, *also)) if t in got]
@@ -383,11 +361,7 @@ class _Source:
             samples=sum(p.samples for p in parts),
             vs_baseline=vs_base,
             test=test,
-            vs_full=(
-                paired_difference(pooled, full_scores, bounded=_bounded(pooled, full_scores))
-                if full_scores is not None
-                else None
-            ),
+            vs_full=paired_difference(pooled, full_scores, bounded=None) if full_scores is not None else None,
             lengthening=_ratio_of_means(tokens, full_tokens or {}),
             tokens_per_correct=per_correct,
             tokens_vs_baseline=paired_difference(tokens, null_tokens) if null_tokens else None,
@@ -414,12 +388,6 @@ def table_margin(runs: Sequence[StoredRun], column: str) -> Margin:
         return smallest
     each = "; ".join(f"{m.declared_by} = {m.value:g}" for m in margins)
     return Margin(smallest.value, f"the smallest of the pooled tasks' ({each})")
-
-
-def _bounded(*scores: Mapping[Any, float]) -> bool:
-    """Whether every score lies in [0, 1] (the metric's bound then limits what an unseen problem can
-    change; compare_arms infers it the same way)."""
-    return all(0.0 <= v <= 1.0 for arm in scores for v in arm.values())
 
 
 def _partner(

@@ -53,10 +53,7 @@ def bootstrap_mean(
     values = np.asarray(values, dtype=float)
     if values.size == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
-    n = values.size
-    resample = _cached_counts if n * draws <= CACHED_RESAMPLES else resample_counts
-    counts = resample(n, draws, seed)
-    means = counts @ values / n
+    means = _counts(values.size, draws, seed) @ values / values.size
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return Estimate(float(values.mean()), float(low), float(high), int(values.size))
@@ -81,32 +78,35 @@ def paired_deltas(arm: Mapping[Any, float], other: Mapping[Any, float]) -> np.nd
     return np.where(tied, 0.0, deltas)
 
 
-def mean_difference(
-    deltas: Sequence[float] | np.ndarray,
-    *,
-    bounded: bool = False,
-    draws: int = DRAWS,
-    seed: int = SEED,
-    level: float = 0.95,
-) -> Estimate:
-    """Mean of paired per-problem differences with the studentized bootstrap's interval
-    (kvbench.results.bootstrap_t); ``bounded``: scores in [0, 1], so differences in [−1, 1]."""
+def _studentized(deltas: np.ndarray, bounded: bool, draws: int, seed: int) -> tuple[Any, Estimate]:
+    """Paired per-problem differences (at least one) studentized over the shared resamples
+    (kvbench.results.bootstrap_t), and their mean with its 95% interval; ``bounded``: scores in [0, 1],
+    so differences in [−1, 1]."""
     from kvbench.results import bootstrap_t
 
-    deltas = np.asarray(deltas, dtype=float)
-    if deltas.size == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
     bounds = bootstrap_t.BOUNDED if bounded else bootstrap_t.UNBOUNDED
     s = bootstrap_t.studentize(deltas, _counts(deltas.size, draws, seed), bounds)
-    low, high = bootstrap_t.interval(s, level)
-    return Estimate(float(deltas.mean()), float(low[0]), float(high[0]), int(deltas.size))
+    low, high = bootstrap_t.interval(s)
+    return s, Estimate(float(deltas.mean()), float(low[0]), float(high[0]), int(deltas.size))
 
 
 def paired_difference(
-    arm: Mapping[Any, float], other: Mapping[Any, float], *, bounded: bool = False, **kwargs: Any
+    arm: Mapping[Any, float],
+    other: Mapping[Any, float],
+    *,
+    bounded: bool | None = False,
+    draws: int = DRAWS,
+    seed: int = SEED,
 ) -> Estimate:
-    """Mean over shared problems of arm − other, with the studentized bootstrap's interval over them."""
-    return mean_difference(paired_deltas(arm, other), bounded=bounded, **kwargs)
+    """Mean over shared problems of arm − other, with the studentized bootstrap's interval over them.
+    ``bounded`` None: whether every score of either lies in [0, 1] (the bound then limits what an unseen
+    problem can change; compare_arms infers it the same way)."""
+    if bounded is None:
+        bounded = all(0.0 <= v <= 1.0 for scores in (arm, other) for v in scores.values())
+    deltas = paired_deltas(arm, other)
+    if deltas.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    return _studentized(deltas, bounded, draws, seed)[1]
 
 
 def pool(tasks: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], float]:
@@ -208,11 +208,6 @@ class PairedComparison:
         return self.wins + self.losses
 
     @property
-    def inside_margin(self) -> bool:
-        """The mean difference lies inside ±margin (a *beats* that small is noted as such)."""
-        return self.margin > 0 and abs(self.difference.value) < self.margin
-
-    @property
     def discordance(self) -> float:
         """The share of shared problems on which the two arms differ."""
         shared = self.wins + self.ties + self.losses
@@ -286,10 +281,7 @@ def compare_arms(
         p_mean = min(1.0, 2 * min(upper, lower))
         p_equivalence = exact_pairs.equivalence_p(wins, losses, n, margin) if testable else 1.0
     elif n:
-        bounds = bootstrap_t.BOUNDED if bounded else bootstrap_t.UNBOUNDED
-        s = bootstrap_t.studentize(deltas, _counts(n, draws, seed), bounds)
-        interval = bootstrap_t.interval(s)
-        difference = Estimate(float(deltas.mean()), float(interval[0][0]), float(interval[1][0]), n)
+        s, difference = _studentized(deltas, bounded, draws, seed)
         p_mean = float(bootstrap_t.two_sided_p(s)[0])
         p_equivalence = float(continuous_equivalence_p(s, margin)[0]) if testable else 1.0
     else:
