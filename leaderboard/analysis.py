@@ -7,14 +7,14 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from kvbench.store.board_tables import tables
 from kvbench.store.ingest import reading
 
 
 def value_analyses(database: Path) -> pd.DataFrame:
     """Every stored value analysis (its tidy rows), or no row where none was ingested."""
     with reading(database) as con:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "value_analysis" not in tables:
+        if "value_analysis" not in tables(con):
             columns = ["analysis_id", "model", "task", "problems", "tokens", "layer", "head", "statistic"]
             return pd.DataFrame(columns=[*columns, "value", "settings"])
         return con.execute(

@@ -35,7 +35,7 @@ from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import Metric, pools
 from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import Role
-from kvbench.store.board_tables import LOCAL_SOURCE
+from kvbench.store.board_tables import LOCAL_SOURCE, tables
 from kvbench.store.ingest import reading
 
 
@@ -43,10 +43,7 @@ def has_results(database: Path) -> bool:
     if not database.is_file():
         return False
     with reading(database) as con:
-        tables = {
-            row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
-        }
-        return "runs" in tables and con.execute("SELECT count(*) FROM runs").fetchall()[0][0] > 0
+        return "runs" in tables(con) and con.execute("SELECT count(*) FROM runs").fetchall()[0][0] > 0
 
 
 @dataclass(frozen=True)
@@ -451,8 +448,7 @@ def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame
     """The newest `kvbench bench decode` and `bench serve` row per policy and adapter for the model, beside
     the policy's average score where the table has one (its tasks of one kind of metric)."""
     with reading(database) as con:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "bench" not in tables:  # a database from before `kvbench bench decode --out` existed
+        if "bench" not in tables(con):  # a database from before `kvbench bench decode --out` existed
             return pd.DataFrame()
         columns = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
                                              "WHERE table_name = 'bench'").fetchall()}  # fmt: skip

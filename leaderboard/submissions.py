@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 
 from kvbench.leaderboard.display import MISSING
-from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, scoped
+from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, scoped, tables
 
 LOCAL = "local"
 VERIFIED, NOT_VERIFIED, FAILED, CONFLICT = "verified", "not verified", "failed", "conflict"
@@ -45,17 +45,13 @@ _NO_VERIFICATIONS = (
 )
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-
-
 def held_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> pd.DataFrame:
     """One row per run a live submission holds (of ``run_ids``), with its newest verification."""
     ids = list(dict.fromkeys(run_ids))
-    tables = _tables(con)
-    if not {"submissions", "submission_runs"} <= tables or not ids:
+    present = tables(con)
+    if not {"submissions", "submission_runs"} <= present or not ids:
         return pd.DataFrame(columns=COLUMNS)
-    newest = NEWEST_VERIFICATIONS if "verifications" in tables else _NO_VERIFICATIONS
+    newest = NEWEST_VERIFICATIONS if "verifications" in present else _NO_VERIFICATIONS
     # a board written before runs were scoped stored a run under its identity
     identity = "identity" if scoped(con) else "run_id"
     return con.execute(_HELD.format(identity=identity, newest=newest), [ids]).df()
@@ -78,7 +74,7 @@ def conflicts(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def failed_runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """The live submissions' runs whose newest verification failed: off every table, verdict and curve,
     named here so that the page can say so."""
-    if not scoped(con) or "verifications" not in _tables(con):
+    if not scoped(con) or "verifications" not in tables(con):
         return pd.DataFrame(columns=["cell", "submitter", "bundle", "failed_at", "detail"])
     found = con.execute(
         f"""SELECT r.label AS cell, s.submitter, r.bundle_sha256[:12] AS bundle,
