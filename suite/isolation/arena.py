@@ -58,7 +58,7 @@ class Arena:
         than a frame's bytes on both sides, and a frame of JSON alone is read at once. The layout
         is empty when no tensor is placed. Those named in ``later`` get their room but are written only if
         ``deliver`` asks for them, before the next ``place``."""
-        placed = {k: t for k, t in tensors.items() if t.device.type == "cpu" and _bytes(t) > 0}
+        placed = {k: t for k, t in tensors.items() if t.device.type == "cpu" and t.numel() > 0}
         self.pending = {}
         if not placed:
             return {}, tensors
@@ -112,10 +112,6 @@ class Arena:
     def close(self) -> None:
         self.close_file()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _bytes(tensor: Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 class ArenaReader:

@@ -54,7 +54,7 @@ INSIDE = "/scorer"
 PIPE_BYTES = 1 << 20
 """Each pipe's room (64 KiB by default, 1 MiB the default cap for a user): a batch's reply crosses in one
 write and is read at once, where it took a wake-up of each side per 64 KiB."""
-ARENA_INSIDE = "/arena"  # the request's large tensors (kvbench.isolation.arena), bound read-only
+ARENA_INSIDE = "/arena"  # the request's tensors (kvbench.isolation.arena), bound read-only
 
 
 @dataclass(frozen=True)

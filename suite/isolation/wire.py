@@ -3,10 +3,10 @@
 A frame is ``len(head) head len(payload) payload``, each length an 8-byte big-endian integer, so that a
 reader knows what to expect before it reads. ``head`` is the JSON array ``[header, layout]``; the layout
 gives each tensor's dtype, shape and offset in the payload, which holds their bytes and nothing else:
-nothing a reader executes (no pickle on either side). The arena (kvbench.isolation.arena) lays out the
-large tensors of a request the same way in a file both sides map, so one reader checks both: a dtype
-outside DTYPES, a shape that is not a list of sizes, a tensor past the end or two that overlap is a
-WireError.
+nothing a reader executes (no pickle on either side). The arena (kvbench.isolation.arena) lays out a
+request's tensors the same way in a file both sides map, so one reader checks both: a dtype outside
+DTYPES, a shape that is not a list of sizes, a tensor past the end or not aligned to its element size, or
+two that overlap is a WireError.
 """
 
 from __future__ import annotations
