@@ -119,9 +119,10 @@ def read(stream: Any, max_payload: int) -> Frame:
     payload_length = _length(stream)
     if payload_length > max_payload:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
-    # read into memory torch owns: a tensor over a Python buffer outlives it badly at interpreter exit
-    payload = torch.empty(payload_length, dtype=torch.uint8)
-    _fill(stream, payload.numpy().data)
+    # copied into memory torch owns: tensors left over a Python buffer, or filled through numpy's view of a
+    # tensor, aborted kvbench at interpreter exit now and then (1 `kvbench run --isolate` in 4)
+    data = _exactly(stream, payload_length)
+    payload = torch.frombuffer(data, dtype=torch.uint8).clone() if data else torch.empty(0, dtype=torch.uint8)
     return head[0], tensors_at(payload, head[1])
 
 
