@@ -10,8 +10,8 @@ multiplies several times faster, and only the pairs the screen cannot settle are
 - the columns are searched from the newest block back, and a row stops at its first block with a match:
   on a language model's keys nearly every row finds one among the newest 256 (measured on SmolLM2-135M's
   keys: 93-99.9% of rows, by layer), on isotropic random keys no row does and the screen covers all;
-  then every block is screened at once, each row against every column, and only the blocks whose
-  maximum reaches the screen's lower level are searched.
+  then every block is screened at once, each pair once (the lower triangle, as the products are
+  symmetric), and only the blocks where a row's maximum reaches the screen's lower level are searched.
 
 The pairs left in between are computed in fp32 one dot product each, so the result is that of the fp32
 matrix up to the order of summation inside a dot product.
@@ -32,11 +32,11 @@ in all (the fp32 accumulation adds ~1e-5). Tested on a million pairs."""
 COLUMNS = 256
 """Columns per screened block."""
 
-SCREEN_BYTES = 8 << 20
-"""The most one product of the screen holds: one KV head's rows against all its columns up to n = 2048.
-Measured on `kvbench bench evict` (2-core Xeon with AMX): one large product per KV head ran faster than
-panels of 256-1024 rows, and than a triangle of panels that uses the products' symmetry (smaller
-products run at a lower rate, which ate the third of the work symmetry saved)."""
+STRIP = 2 * COLUMNS
+"""Columns per product of the screen. The products are symmetric, so only the lower triangle is computed:
+each strip of columns against the rows from its first one on, about 5/8 of the square at n = 2048.
+Measured on `kvbench bench evict` (2-core Xeon with AMX): strips of 512 ran faster than strips of 256
+(smaller products run at a lower rate) and than 1024, and than one square product per KV head."""
 
 NEWEST_COLUMNS = 64
 """The newest columns, searched first for every row: on SmolLM2-135M's keys 64-99% of rows (by layer) find
@@ -57,44 +57,51 @@ def newest_near_duplicates(
     # the newest columns first, for every row: a language model's keys mostly match there
     newest_start = max(0, n - NEWEST_COLUMNS // 4)
     search.block(search.newest < 0, newest_start, n)
-    maxima = None
+    flagged = None
     if newest_start and bool((search.newest < 0).all()):  # few near-duplicates: screen all blocks at once
         # over every column, the newest (searched already) among them: a whole last block reduces faster
         # than one cut short, and a block flagged for them alone is searched short of them
-        screened, maxima = newest_start, _block_maxima(search.coarse, scratch)
+        screened, flagged = newest_start, _flagged_blocks(search.coarse, search.low, scratch)
     else:
         screened = max(0, n - NEWEST_COLUMNS)
         search.block(search.newest < 0, screened, newest_start)
     for block in reversed(range(-(-screened // COLUMNS))):
         searching = search.newest < 0
-        if maxima is not None:
-            searching &= maxima[:, :, block] > search.low
+        if flagged is not None:
+            searching &= flagged[:, :, block]
         search.block(searching, block * COLUMNS, min(screened, (block + 1) * COLUMNS))
     return search.newest, search.similarity
 
 
-def _block_maxima(coarse: Tensor, scratch: Scratch) -> Tensor:
-    """[G, n, blocks] int16: each row's largest screened similarity (as bf16 bits) in each block of
-    COLUMNS columns, the last block possibly shorter: one KV head at a time, its rows (SCREEN_BYTES
-    permitting) against all its columns in one product."""
+def _flagged_blocks(coarse: Tensor, low: int, scratch: Scratch) -> Tensor:
+    """[G, n, blocks] bool: whether a row's screened similarity to some other row exceeds ``low`` (bf16
+    bits) in each block of COLUMNS columns, the last block possibly shorter. Strip by strip (STRIP): the
+    products of rows [start, n) with the strip's columns give those rows' maxima over the strip's blocks
+    and, read down the columns in groups of COLUMNS rows, the strip's own rows' maxima over the blocks
+    from the strip on. A strip with no product above ``low``, as nearly every strip of unrelated keys,
+    flags nothing and is not reduced further."""
     groups, n, _ = coarse.shape
-    whole, rest = divmod(n, COLUMNS)
-    maxima = torch.empty(groups, n, whole + (rest > 0), dtype=torch.int16, device=coarse.device)
-    step = max(COLUMNS, SCREEN_BYTES // (2 * n) // COLUMNS * COLUMNS)
-    space = scratch.take("products", (min(step, n) * n,), coarse.dtype, coarse.device)
+    flagged = torch.zeros(groups, n, -(-n // COLUMNS), dtype=torch.bool, device=coarse.device)
+    space = scratch.take("products", (n * STRIP,), coarse.dtype, coarse.device)
     for group in range(groups):
-        for first in range(0, n, step):
-            last = min(n, first + step)
-            products = space[: (last - first) * n].view(last - first, n)
-            torch.mm(coarse[group, first:last], coarse[group].mT, out=products)
+        for start in range(0, n, STRIP):
+            width = min(STRIP, n - start)
+            products = space[: (n - start) * width].view(n - start, width)
+            torch.mm(coarse[group, start:], coarse[group, start : start + width].mT, out=products)
             bits = products.view(torch.int16)
-            bits.diagonal(offset=first).fill_(_MASKED)  # else every row would search its own block
-            if whole:
-                blocks = bits[:, : whole * COLUMNS].unflatten(-1, (whole, COLUMNS))
-                torch.amax(blocks, dim=-1, out=maxima[group, first:last, :whole])
-            if rest:
-                torch.amax(bits[:, whole * COLUMNS :], dim=-1, out=maxima[group, first:last, whole])
-    return maxima
+            bits.diagonal().fill_(_MASKED)  # else every row would search its own block
+            if bool(bits.amax() <= low):
+                continue
+            first = start // COLUMNS
+            flagged[group, start:, first : first + -(-width // COLUMNS)] = _group_maxima(bits, 1) > low
+            flagged[group, start : start + width, first:] = _group_maxima(bits, 0) > low
+    return flagged
+
+
+def _group_maxima(bits: Tensor, dim: int) -> Tensor:
+    """[r, c] → the maxima of consecutive groups of COLUMNS along ``dim`` (the last possibly shorter), the
+    groups last: [r, groups] for dim 1, [c, groups] for dim 0."""
+    return torch.stack([part.amax(dim=dim) for part in bits.split(COLUMNS, dim=dim)], dim=-1)
 
 
 def _rows_of(source: Tensor, rows: Tensor) -> Tensor:

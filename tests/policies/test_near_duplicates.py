@@ -7,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.policies.near_duplicates import COLUMNS, NEWEST_COLUMNS, SCREEN_MARGIN, newest_near_duplicates
+from kvbench.policies.near_duplicates import (
+    COLUMNS,
+    NEWEST_COLUMNS,
+    SCREEN_MARGIN,
+    STRIP,
+    newest_near_duplicates,
+)
 
 
 def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -50,6 +56,16 @@ def test_isotropic_keys_with_planted_pairs_around_the_threshold(n: int) -> None:
     unit = planted(n, 128, pairs=n // 10, seed=n, cosines=(0.45, 0.55))
     assert (brute_force(unit, 0.5) >= 0).any() or n < 100
     assert torch.equal(searched(unit, 0.5), brute_force(unit, 0.5))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_few_pairs_among_strips_that_flag_nothing(seed: int) -> None:
+    """Two planted pairs in 3.5 strips: most strips flag no block, and each pair's two rows are found
+    through a strip's row maxima for one and its column maxima for the other."""
+    unit = planted(3 * STRIP + STRIP // 2, 64, pairs=2, seed=seed, cosines=(0.6, 0.9))
+    expected = brute_force(unit, 0.5)
+    assert int((expected >= 0).sum()) >= 4
+    assert torch.equal(searched(unit, 0.5), expected)
 
 
 def test_pairs_closer_to_the_threshold_than_bf16_resolves() -> None:
