@@ -102,16 +102,21 @@ def key_redundancy(keys: Tensor) -> Tensor:
     """Mean cosine similarity of each key to the other candidates, softmaxed over slots: [B, Hkv, n].
 
     The row mean of the cosine matrix with its diagonal zeroed, divided by n, is (u_i·Σ_j u_j − u_i·u_i)/n
-    for unit keys u: O(n·D) with no n×n matrix at all, and equal to the matrix form (tested).
+    for unit keys u = k/max(|k|, ε) (F.normalize's): u_i·Σ_j u_j = (k_i·Σ_j k_j/max(|k_j|, ε))/max(|k_i|, ε),
+    so the keys are read three times (norms, Σ_j u_j, the products) and neither the unit keys nor an n×n
+    matrix is ever written; equal to the matrix form (tested).
     """
     batch, heads, n, dim = keys.shape
-    flat = keys.reshape(batch * heads, 1, n, dim)
-    row_sums = keys.new_empty(batch * heads, 1, n, dtype=torch.float32)
+    flat = keys.reshape(batch * heads, n, dim)
+    row_sums = keys.new_empty(batch * heads, n, dtype=torch.float32)
     step = heads_per_chunk(n * dim)  # a few KV heads at a time, as window_attention
     for start in range(0, batch * heads, step):
-        unit = F.normalize(flat[start : start + step].float(), dim=-1)  # [c, 1, n, D]
-        total = unit.sum(dim=2, keepdim=True)  # [c, 1, 1, D]
-        row_sums[start : start + step] = (unit * total).sum(dim=-1) - unit.square().sum(dim=-1)
+        part = flat[start : start + step].float()  # [c, n, D]
+        norms = torch.linalg.vector_norm(part, dim=-1, keepdim=True)
+        inverse = norms.clamp_min(1e-12).reciprocal()
+        total = torch.bmm(inverse.mT, part)  # Σ_j u_j: [c, 1, D]
+        to_total = torch.bmm(part, total.mT) * inverse
+        row_sums[start : start + step] = (to_total - (norms * inverse).square())[..., 0]
     return (row_sums.view(batch, heads, n) / n).softmax(dim=-1)
 
 
