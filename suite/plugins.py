@@ -19,10 +19,6 @@ from kvbench.errors import UnknownNameError
 T = TypeVar("T")
 
 
-def _as_loaded(loaded: Any, target: str) -> Any:
-    return loaded
-
-
 class Registry(Generic[T]):
     """The plug-ins of one kind, by name."""
 
@@ -31,7 +27,7 @@ class Registry(Generic[T]):
         kind: str,
         group: str,
         builtins: Mapping[str, T | str] | Callable[[], Mapping[str, T | str]],
-        adopt: Callable[[Any, str], T] = _as_loaded,
+        adopt: Callable[[Any, str], T] = lambda loaded, target: loaded,
         *,
         also_known: tuple[str, ...] = (),
     ) -> None:

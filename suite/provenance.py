@@ -7,6 +7,7 @@ manifests, `kvbench check`'s reference and the benchmarks all take it from here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -23,7 +24,7 @@ def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
     """The CPU, torch's build and, for a CUDA device, the GPU that ran: name, count, driver, CUDA."""
     info: dict[str, str | int | None] = {
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
         "cpu_vector_features": _vector_features(),
         "cpu_count": os.cpu_count() or 0,
         "torch": torch.__version__,
@@ -59,18 +60,11 @@ def _nvidia_driver() -> str | None:
 
 def _cpuinfo(field: str) -> str | None:
     """The first ``field`` line's value in /proc/cpuinfo (None off Linux)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     return None
-
-
-def _cpu_model() -> str:
-    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def _vector_features() -> str | None:

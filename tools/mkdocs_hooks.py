@@ -17,10 +17,6 @@ SITE_ONLY = re.compile(r"^<!-- site\n(.*?)^-->$\n?", re.DOTALL | re.MULTILINE)
 GITHUB_ONLY = re.compile(r"^<!-- github -->\n.*?^<!-- /github -->$\n?", re.DOTALL | re.MULTILINE)
 
 
-def for_site(markdown: str) -> str:
+def on_page_markdown(markdown: str, **_: Any) -> str:
     """The page as the site reads it: site-only blocks opened, GitHub-only blocks dropped."""
     return SITE_ONLY.sub(r"\1", GITHUB_ONLY.sub("", markdown))
-
-
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    return for_site(markdown)

@@ -147,22 +147,6 @@ def interpreter() -> Path:
     return system if system.is_file() else Path(sys.executable).resolve()
 
 
-def _fresh_uid() -> int | None:
-    """A user id no account uses, drawn anew, when this process is root; None otherwise."""
-    return FIRST_UID + secrets.randbelow(UIDS) if os.geteuid() == 0 else None
-
-
-def _as_unprivileged() -> dict:
-    """Popen arguments that start bwrap as a fresh unprivileged user when the grader is root.
-
-    Root's process count is never limited; a user of its own per program is, and shares its count with
-    nothing else (not even the exited sandboxes that the system has yet to reap). An unprivileged grader
-    starts bwrap as itself.
-    """
-    uid = _fresh_uid()
-    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-
-
 def process_cap(processes: int) -> int:
     """RLIMIT_NPROC for a sandbox that may run ``processes`` processes and threads of its own. The limit
     counts every task of the real user: a fresh user has none but the sandbox's, while an unprivileged
@@ -187,8 +171,11 @@ def tasks_of(uid: int) -> int:
 
 
 def as_fresh_user(command: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """A bwrap ``command`` and the Popen arguments that run it as a fresh unprivileged user when this
-    process is root (:func:`_as_unprivileged`), as itself otherwise.
+    """A bwrap ``command`` and the Popen arguments that run it as a fresh unprivileged user, a user id no
+    account uses drawn anew, when this process is root; as itself otherwise.
+
+    Root's process count is never limited; a user of its own per program is, and shares its count with
+    nothing else (not even the exited sandboxes that the system has yet to reap).
 
     bwrap, started as that user, must reach every folder it binds. One that lies under a folder only root
     may enter (a Python installed in root's home, mode 0700) is out of its reach: then bwrap starts from
@@ -198,9 +185,11 @@ def as_fresh_user(command: list[str]) -> tuple[list[str], dict[str, Any]]:
     """
     sources = [Path(command[i + 1]) for i, arg in enumerate(command[:-1]) if arg == "--ro-bind"]
     hidden = [source for source in sources if not _reachable(source)]
-    uid = _fresh_uid()
-    if uid is None or not hidden:
-        return command, _as_unprivileged()
+    uid = FIRST_UID + secrets.randbelow(UIDS) if os.geteuid() == 0 else None
+    if uid is None:
+        return command, {}
+    if not hidden:
+        return command, {"user": uid, "group": uid, "extra_groups": []}
     view = ["--dev-bind", "/", "/", *_shown(hidden), "--die-with-parent", "--"]
     switch = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
     return [command[0], *view, *switch, *command], {}

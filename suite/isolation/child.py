@@ -55,7 +55,6 @@ def _describe(policy: Any) -> dict[str, Any]:
         "description": policy.description,
         "summary": inspect.getdoc(cls) or "",
         "module_doc": (module.__doc__ or "") if module is not None else "",
-        "class": cls.__qualname__,
     }
 
 

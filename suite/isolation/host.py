@@ -114,10 +114,10 @@ def _command(
 class ScorerProcess:
     """One scorer's process: a request, then its reply within the time limit, in turn."""
 
-    def __init__(self, source: bytes, class_name: str, label: str, limits: IsolationLimits) -> None:
+    def __init__(self, source: bytes, class_name: str, limits: IsolationLimits) -> None:
         sandbox = Sandbox()
         sandbox.check()
-        self.label, self.limits = label, limits
+        self.limits = limits
         self.folder = program_folder("kvbench-scorer-", {"scorer.py": source})
         self.arena = Arena()
         seccomp = refused_calls()
@@ -238,7 +238,7 @@ def _shared(source: bytes, class_name: str, label: str, limits: IsolationLimits)
     key = (hashlib.sha256(source).hexdigest(), class_name, limits)
     process = _SHARED.get(key)
     if process is None or not process.alive():
-        process = ScorerProcess(source, class_name, label, limits)
+        process = ScorerProcess(source, class_name, limits)
         _SHARED[key] = process
         process.started(f"scorer {label}")
     return process
@@ -462,7 +462,7 @@ def _take_state(
     state.replace({k: v.to(device) if device is not None else v for k, v in new.items()}, returned.fills())
 
 
-def isolated(text: str, limits: IsolationLimits = IsolationLimits(), **params: Any) -> Policy:
+def isolated(text: str, limits: IsolationLimits = IsolationLimits()) -> Policy:
     """``--policy FILE.py:Class[:k=v,...]`` run in its own process; any other policy text is refused."""
     path, class_name, raw = parse_policy_arg(text)
     if class_name is None:
@@ -470,4 +470,4 @@ def isolated(text: str, limits: IsolationLimits = IsolationLimits(), **params: A
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise SpecError(f"--policy {text}: no file {file}")
-    return IsolatedPolicy(file, class_name, {**raw, **params}, limits)
+    return IsolatedPolicy(file, class_name, raw, limits)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import struct
 from typing import Any, BinaryIO
 
@@ -34,9 +35,9 @@ class WireError(Exception):
     """A frame that is cut short, too large, or not in the format."""
 
 
-def place(tensors: dict[str, Tensor], start: int = 0) -> tuple[dict[str, tuple[Tensor, int]], int]:
-    """Each tensor with its offset, aligned, from ``start``; and the end of the last."""
-    placed, end = {}, start
+def place(tensors: dict[str, Tensor]) -> tuple[dict[str, tuple[Tensor, int]], int]:
+    """Each tensor with its offset, aligned, from 0; and the end of the last."""
+    placed, end = {}, 0
     for name, t in tensors.items():
         placed[name] = (t, end)
         end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
@@ -72,9 +73,7 @@ def tensors_at(data: Tensor, layout: Any) -> dict[str, Tensor]:
             offset = int(entry["offset"])
         except (KeyError, TypeError, ValueError):
             raise WireError(f"tensor {name!r}: not {{dtype, shape, offset}} of a known dtype") from None
-        size = dtype.itemsize
-        for extent in shape:
-            size *= extent
+        size = dtype.itemsize * math.prod(shape)
         if min(shape, default=0) < 0 or offset < 0 or offset + size > data.numel():
             raise WireError(f"tensor {name!r}: shape {shape} at offset {offset} ends past the data")
         if offset % dtype.itemsize:
@@ -131,17 +130,12 @@ def _length(stream: Any) -> int:
 
 
 def _exactly(stream: Any, count: int) -> bytearray:
-    data = bytearray(count)
-    _fill(stream, memoryview(data))
-    return data
-
-
-def _fill(stream: Any, into: memoryview) -> None:
-    """Fill ``into`` with the next bytes of ``stream``; WireError when it ends first."""
-    done = 0
-    while done < len(into):
-        chunk = stream.read(len(into) - done)
+    """The next ``count`` bytes of ``stream``; WireError when it ends first."""
+    data, done = bytearray(count), 0
+    while done < count:
+        chunk = stream.read(count - done)
         if not chunk:
-            raise WireError(f"the stream ended after {done} of {len(into)} bytes")
-        into[done : done + len(chunk)] = chunk
+            raise WireError(f"the stream ended after {done} of {count} bytes")
+        data[done : done + len(chunk)] = chunk
         done += len(chunk)
+    return data
