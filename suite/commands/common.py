@@ -8,14 +8,19 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
 from rich.segment import Segment
 from rich.table import Table
 
 from kvbench.errors import StorageError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+Request = TypeVar("Request", bound="DataclassInstance")
 
 # Every C0 and C1 control character and DEL (Unicode category Cc), and the bidirectional overrides that
 # make a terminal show text in another order than it is: a scorer's message or a bundle's name with
@@ -100,6 +105,11 @@ def measured_table(title: str | None, columns: Sequence[str]) -> Table:
 
 def mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
+
+
+def from_flags(kind: type[Request], args: argparse.Namespace, **given: Any) -> Request:
+    """A ``kind`` (a dataclass) with each field from the flag of its name, those in ``given`` aside."""
+    return kind(**given, **{f.name: getattr(args, f.name) for f in fields(kind) if f.name not in given})
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

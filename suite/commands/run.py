@@ -7,13 +7,14 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from kvbench.commands.common import (
     add_threads_argument,
     console,
+    from_flags,
     output_file,
     output_folder,
     printable,
@@ -258,19 +259,17 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run_request(args: argparse.Namespace) -> RunRequest:
     """The command line as the planner's request: each field from the flag of its name, or as below."""
-    from dataclasses import fields
-
     from kvbench.runner.plan import RunRequest
 
-    given: dict[str, Any] = {
-        "policies": tuple(args.policy),
-        "tasks": tuple(args.task),
-        "models": tuple(args.model),
-        "baselines": not args.no_baselines,
-        "data": str(args.data.resolve()) if args.data else None,
-    }
-    named: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(RunRequest) if f.name not in given}
-    return RunRequest(**given, **named)
+    return from_flags(
+        RunRequest,
+        args,
+        policies=tuple(args.policy),
+        tasks=tuple(args.task),
+        models=tuple(args.model),
+        baselines=not args.no_baselines,
+        data=str(args.data.resolve()) if args.data else None,
+    )
 
 
 def build_report(cells: Sequence[Cell], database: Path) -> list[dict]:
@@ -392,17 +391,7 @@ def compare_command(args: argparse.Namespace) -> int:
             f"no results database at {args.db}: run `kvbench run` (or `kvbench ingest`) first"
         )
     pools = tuple(_parse_pool(text) for text in args.pool)
-    filters = Filters(
-        args.model,
-        args.task,
-        args.protocol,
-        args.budget,
-        args.against,
-        pools,
-        args.seed,
-        args.metric,
-        args.family,
-    )
+    filters = from_flags(Filters, args, pools=pools, quantity=args.metric)
     rows = compare(args.db, filters)
     if args.format != "table":
         print(printable(render(rows, args.format), lines=True))  # JSON escapes them itself
