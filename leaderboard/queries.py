@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import duckdb
 import pandas as pd
@@ -30,7 +30,7 @@ from kvbench.results.comparison import (
     stored_runs,
     task_metrics,
 )
-from kvbench.results.stats import Estimate, bootstrap_mean, pool
+from kvbench.results.stats import Estimate, Verdict, bootstrap_mean, pool
 from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import Metric, pools
 from kvbench.specs.protocol import NULL_POLICY
@@ -421,13 +421,8 @@ def problems_by_samples(cells: list[CellSummary]) -> str:
     return f"{problems} × {low}" if low == high else f"{problems} × {low}–{high}"
 
 
-BADGES = {
-    "beats null": "beats null",
-    "practically equivalent": "practically equivalent",
-    "equivalent to null": "equivalent",
-    "inconclusive": "inconclusive",
-    "loses to null": "loses",
-}
+BADGES = {verdict: verdict.removesuffix(" to null") for verdict in get_args(Verdict)}
+"""A verdict's cell: *equivalent* and *loses* without "to null", *beats null* whole."""
 
 
 _BENCH = """
