@@ -301,7 +301,7 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
     with transaction(database, SCHEMA, fix) as con:
         done = dict(con.execute("SELECT path, fingerprint FROM ingested_files").fetchall())
         seen = {os.path.relpath(f, root): _fingerprint(f) for f in files}
-        new = [root / path for path, print_ in seen.items() if done.get(path) != print_]
+        new = {path: print_ for path, print_ in seen.items() if done.get(path) != print_}
         # each manifest and new shard is read once, and every one that does not read back is named
         read, bad = [], []
         for manifest in manifests:
@@ -311,9 +311,9 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
                 bad.append(str(exc))
         tables = []
         for path in new:
-            shard = read_shard(path)
+            shard = read_shard(root / path)
             if isinstance(shard, str):
-                bad.append(f"{path}: {shard}")
+                bad.append(f"{root / path}: {shard}")
             else:
                 tables.append(shard)
         if bad:
@@ -328,10 +328,7 @@ def _merge(database: Path, root: Path, manifests: list[Path], files: list[Path],
             # a shard replaced by `kvbench grade` replaces its rows: same keys, new verdicts; a shard of
             # an older schema is upgraded as it is read
             insert_rows(con, "samples", pa.concat_tables(tables), "INSERT OR REPLACE")
-            con.executemany(
-                "INSERT OR REPLACE INTO ingested_files VALUES (?, ?)",
-                [[os.path.relpath(f, root), seen[os.path.relpath(f, root)]] for f in new],
-            )
+            con.executemany("INSERT OR REPLACE INTO ingested_files VALUES (?, ?)", list(new.items()))
         _ingest_bench(con, root)
         _ingest_analyses(con, root)
     return len(new)
