@@ -445,9 +445,7 @@ def efficiency(database: Path, model: str, scores: pd.DataFrame) -> pd.DataFrame
     with reading(database) as con:
         if "bench" not in tables(con):  # a database from before `kvbench bench decode --out` existed
             return pd.DataFrame()
-        columns = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
-                                             "WHERE table_name = 'bench'").fetchall()}  # fmt: skip
-        source = "SELECT * FROM bench" if "kind" in columns else _DECODE_ONLY
+        source = "SELECT * FROM bench" if "kind" in con.table("bench").columns else _DECODE_ONLY
         bench = con.execute(_BENCH.format(bench=source), [model]).df()
     if bench.empty or "average" not in scores:  # no average: the table's tasks are of two kinds
         return bench

@@ -46,15 +46,10 @@ def tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
 
 
-def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
-    found = con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table])
-    return {r[0] for r in found.fetchall()}
-
-
 def scoped(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the database stores submitted runs under board run ids (a board written by this kvbench);
     False for a database of one's own runs, and for a board written before runs were scoped."""
-    return "submission_runs" in tables(con) and "identity" in _columns(con, "submission_runs")
+    return "submission_runs" in tables(con) and "identity" in con.table("submission_runs").columns
 
 
 def run_sources(con: duckdb.DuckDBPyConnection) -> str:
