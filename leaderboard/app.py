@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -272,23 +272,13 @@ def _sidebar(query) -> Selection:
 
 
 def _remember(chosen: Selection) -> None:
-    """The URL becomes a link to this page as shown: filters, tab, policy and head-to-head pair."""
+    """The URL becomes a link to this page as shown: filters, tab, policy and head-to-head pair (each under
+    its widget's key, which for a filter is its Selection field's name)."""
     state = st.session_state
-    permalink.to_url(
-        {
-            "model": chosen.model,
-            "protocol": chosen.protocol,
-            "runtime": chosen.runtime,
-            "seed": None if chosen.seed is None else str(chosen.seed),
-            "compression": permalink.compression_code(chosen.compression),
-            "name": chosen.name,
-            "quantity": chosen.quantity,
-            "view": state.get("view"),
-            "policy": state.get("policy"),
-            "pair_a": state.get("pair_a"),
-            "pair_b": state.get("pair_b"),
-        }
-    )
+    filters = {f.name: getattr(chosen, f.name) for f in fields(chosen)}
+    filters["seed"] = None if chosen.seed is None else str(chosen.seed)
+    filters["compression"] = permalink.compression_code(chosen.compression)
+    permalink.to_url(filters | {key: state.get(key) for key in ("view", "policy", "pair_a", "pair_b")})
 
 
 def _choose(key: str, options: Sequence[str], default: str) -> None:
