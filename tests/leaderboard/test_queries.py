@@ -178,3 +178,25 @@ def test_problems_by_samples_counts_only_the_problems_the_ranked_quantity_scored
     assert queries.problems_by_samples([scored, missing]) == "2 × 1"  # the old label read "3 × 2"
     deeper = CellSummary("c", scores={"r1": 0.5}, truncated={"r1": 0.0}, samples=3)
     assert queries.problems_by_samples([scored, deeper]) == "3 × 1–3"
+
+
+def test_benchmarks_stored_before_bench_serve_read_as_hf_decode_rows(tmp_path: Path) -> None:
+    """A bench table written before `kvbench bench serve` existed has no kind, adapter or details: its
+    rows are shown as what they were, hf decode benchmarks, the newest per policy."""
+    database = store(tmp_path)
+    with duckdb.connect(str(database)) as con:
+        con.execute("DROP TABLE bench")
+        con.execute(
+            "CREATE TABLE bench (file VARCHAR, created DOUBLE, model VARCHAR, policy VARCHAR, "
+            "budget INTEGER, buffer INTEGER, tokens INTEGER, tokens_per_second DOUBLE, speed_vs_full DOUBLE, "
+            "peak_kv_bytes BIGINT, memory_vs_full DOUBLE, ms_per_event DOUBLE, machine JSON)"
+        )
+        row = "(?, ?, 'synthetic', ?, 512, 64, 4096, ?, 1.0, 1048576, 1.0, 0.5, '{\"cpu\": \"test\"}')"
+        con.executemany(
+            f"INSERT INTO bench VALUES {row}",
+            [["a.json", 1.0, "full", 10.0], ["b.json", 2.0, "full", 12.0], ["b.json", 2.0, "policy-00", 9.0]],
+        )
+    scores = queries.leaderboard(database, "synthetic", "protect-prompt", AT_4X).frame
+    view = queries.efficiency(database, "synthetic", scores).set_index("policy")
+    assert set(view["benchmark"]) == {"decode"} and set(view["adapter"]) == {"hf"}
+    assert view["tokens_per_second"].to_dict() == {"full": 12.0, "policy-00": 9.0}

@@ -360,3 +360,16 @@ def test_a_verification_lands_in_its_columns_on_a_board_that_orders_them_otherwi
     assert row == ("r1", "reproduced", "greedy", 3, "3 of 3 (draw seed 7)")
     kept = json.loads((tmp_path / "submissions" / f"{sha}.json").read_text())["verifications"]
     assert dict(zip(VERIFICATION_COLUMNS.split(", "), kept[0], strict=True))["outcome"] == "reproduced"
+
+
+def test_a_board_from_before_runs_were_scoped_is_refused_with_how_to_rebuild_it(tmp_path: Path) -> None:
+    """A board whose submission_runs has no identity column (an earlier kvbench stored each run once for
+    every submission holding it) is never written to: the error says how to rebuild it."""
+    from kvbench.errors import PrerequisiteError
+    from kvbench.submissions.board import withdraw
+
+    database = tmp_path / "board.duckdb"
+    with duckdb.connect(str(database)) as con:
+        con.execute("CREATE TABLE submission_runs (bundle_sha256 VARCHAR, run_id VARCHAR)")
+    with pytest.raises(PrerequisiteError, match=r"written by an earlier kvbench.*accept --rebuild"):
+        withdraw(database, "0" * 8, "superseded")
