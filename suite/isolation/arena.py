@@ -111,6 +111,7 @@ class Arena:
 
     def close(self) -> None:
         self.close_file()
+        self.pending = {}  # the caller's tensors, released here, on the thread that stops the scorer
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

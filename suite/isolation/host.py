@@ -130,7 +130,8 @@ class ScorerProcess:
             os.close(seccomp)
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self.log: collections.deque[bytes] = collections.deque()
-        threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
+        drain = (self.process.stderr, self.log, limits.log_bytes)
+        threading.Thread(target=_drain, args=drain, daemon=True).start()
         self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes, self.arena)
         self.cpu = CpuWatch(self.process, limits.start_seconds)
@@ -139,14 +140,6 @@ class ScorerProcess:
 
     def alive(self) -> bool:
         return self._finalizer.alive and self.process.poll() is None
-
-    def _drain(self, stream: Any) -> None:
-        size = 0
-        for chunk in iter(lambda: stream.read1(1 << 14), b""):
-            self.log.append(chunk)
-            size += len(chunk)
-            while size > self.limits.log_bytes and len(self.log) > 1:
-                size -= len(self.log.popleft())
 
     def started(self, where: str) -> None:
         """Wait for the child's first frame, sent once Python, torch and kvbench's modules are loaded and
@@ -242,6 +235,22 @@ def _shared(source: bytes, class_name: str, label: str, limits: IsolationLimits)
         _SHARED[key] = process
         process.started(f"scorer {label}")
     return process
+
+
+def _drain(stream: Any, log: collections.deque[bytes], limit: int) -> None:
+    """Keep the last ``limit`` bytes (at least the last chunk) of the scorer's stderr in ``log``.
+
+    Not a method: the thread's target is dropped when the stream ends, and one that held the ScorerProcess
+    could be the last to hold it when the child dies at interpreter exit. Freeing it there frees the
+    tensors its arena holds on a thread that Python is finalizing, and torch's deallocation, which
+    releases the GIL and takes it back, then ends that thread inside C++ code: the interpreter aborted
+    ("terminate called without an active exception") in about 1 `kvbench run --isolate` of 20."""
+    size = 0
+    for chunk in iter(lambda: stream.read1(1 << 14), b""):
+        log.append(chunk)
+        size += len(chunk)
+        while size > limit and len(log) > 1:
+            size -= len(log.popleft())
 
 
 def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes, arena: Arena) -> None:

@@ -3,11 +3,13 @@ kvbench's process, it reaches nothing outside its boundary, and whatever it does
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 from isolated_scorers import hostile, run_through, scorer, started_policy, stop_scorers  # noqa: F401 (a fixture)
 
 from kvbench.errors import ScorerError, SpecError
+from kvbench.isolation.host import IsolatedPolicy
 from kvbench.registry import load_file_policy, policy_record
 from support import needs_sandbox
 
@@ -133,6 +136,20 @@ def test_runs_of_one_scorer_share_its_process_each_with_its_own_instance(tmp_pat
     second.close()
     unused.close()
     assert not shared.alive()
+
+
+def test_a_scorer_process_goes_with_its_last_run_not_with_its_stderr_thread(tmp_path: Path) -> None:
+    """Only the runs hold a scorer's process; the thread that reads its stderr does not. One that did was
+    the last to hold it when the child died at interpreter exit, and freeing the tensors its arena held on
+    a thread Python was finalizing aborted kvbench ("terminate called without an active exception")."""
+    policy = IsolatedPolicy(scorer(tmp_path, STATEFUL), "AccumulatingJitter", {})
+    run_through(policy, steps=12)
+    assert policy.process is not None
+    process, child = weakref.ref(policy.process), policy.process.process
+    del policy
+    gc.collect()
+    assert process() is None
+    assert child.wait(timeout=30) is not None  # freed, it stopped its child
 
 
 @pytest.mark.parametrize(
