@@ -118,8 +118,8 @@ def read(stream: Any, max_payload: int) -> Frame:
     payload_length = _length(stream)
     if payload_length > max_payload:
         raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
-    # copied into memory torch owns: tensors left over a Python buffer, or filled through numpy's view of a
-    # tensor, aborted kvbench at interpreter exit now and then (1 `kvbench run --isolate` in 4)
+    # copied into memory torch owns: the reply's tensors outlive the frame (in the layer state), and hold
+    # no Python buffer that freeing them would have to release
     data = _exactly(stream, payload_length)
     payload = torch.frombuffer(data, dtype=torch.uint8).clone() if data else torch.empty(0, dtype=torch.uint8)
     return head[0], tensors_at(payload, head[1])
