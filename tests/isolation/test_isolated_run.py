@@ -89,7 +89,7 @@ def test_a_scorer_whose_import_stalls_is_stopped_at_scorer_seconds(tmp_path: Pat
 
 def test_bench_evict_times_an_isolated_scorer_beside_in_process_and_exits_cleanly(tmp_path: Path) -> None:
     """The isolated arm's tensors (its replies, kept in the layer state to the end) leave the interpreter
-    cleanly: the command exits 0, where tensors over a Python buffer once aborted it at exit."""
+    cleanly: the command exits 0 (tensors freed on a thread Python was finalizing once aborted it)."""
     (tmp_path / "mine.py").write_text(SCORER)
     out = tmp_path / "bench.json"
     shape = ["--batch", "1", "--budget", "256", "--buffer", "32", "--min-time", "0.05"]
