@@ -39,14 +39,11 @@ class _Child:
             env=child_environment(),
         )
         self.log: collections.deque[str] = collections.deque(maxlen=40)
-        threading.Thread(target=self._drain, daemon=True).start()
+        # a function's thread, not a method's: it must not be what holds this object when the child dies
+        # at interpreter exit (kvbench.isolation.host's _drain says why)
+        threading.Thread(target=_drain, args=(self.process.stderr, self.log), daemon=True).start()
         self.arena = Arena()  # an event's keys and values cross in a mapped file, not the pipe
         self._finalizer = weakref.finalize(self, _stop, self.process, self.arena)
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line.decode(errors="replace").rstrip())
 
     def call(self, header: dict[str, Any], tensors: dict[str, Tensor], where: str) -> wire.Frame:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -69,6 +66,11 @@ class _Child:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _drain(stream: Any, log: collections.deque[str]) -> None:
+    for line in stream:
+        log.append(line.decode(errors="replace").rstrip())
 
 
 def _stop(process: subprocess.Popen, arena: Arena) -> None:
