@@ -59,8 +59,8 @@ def newest_near_duplicates(
     search.block(search.newest < 0, newest_start, n)
     flagged = None
     if newest_start and bool((search.newest < 0).all()):  # few near-duplicates: screen all blocks at once
-        # over every column, the newest (searched already) among them: a whole last block reduces faster
-        # than one cut short, and a block flagged for them alone is searched short of them
+        # over every column, the newest (searched already) among them: a block flagged for them alone is
+        # searched short of them
         screened, flagged = newest_start, _flagged_blocks(search.coarse, search.low, scratch)
     else:
         screened = max(0, n - NEWEST_COLUMNS)
