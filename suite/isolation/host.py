@@ -15,10 +15,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
-import selectors
 import shutil
 import subprocess
 import sys
@@ -48,12 +46,10 @@ from kvbench.graders.sandbox import (
 from kvbench.isolation import messages, serving, wire
 from kvbench.isolation.arena import Arena
 from kvbench.isolation.cpu import CpuWatch
+from kvbench.isolation.pipes import Pipes
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
 INSIDE = "/scorer"
-PIPE_BYTES = 1 << 20
-"""Each pipe's room (64 KiB by default, 1 MiB the default cap for a user): a batch's reply crosses in one
-write and is read at once, where it took a wake-up of each side per 64 KiB."""
 ARENA_INSIDE = "/arena"  # the request's tensors (kvbench.isolation.arena), bound read-only
 
 
@@ -132,7 +128,7 @@ class ScorerProcess:
         self.log: collections.deque[bytes] = collections.deque()
         drain = (self.process.stderr, self.log, limits.log_bytes)
         threading.Thread(target=_drain, args=drain, daemon=True).start()
-        self.pipes = _Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
+        self.pipes = Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes, self.arena)
         self.cpu = CpuWatch(self.process, limits.start_seconds)
         self.users = 0
@@ -253,59 +249,11 @@ def _drain(stream: Any, log: collections.deque[bytes], limit: int) -> None:
             size -= len(log.popleft())
 
 
-def _stop(process: subprocess.Popen, folder: Path, pipes: _Pipes, arena: Arena) -> None:
+def _stop(process: subprocess.Popen, folder: Path, pipes: Pipes, arena: Arena) -> None:
     kill(process)
     pipes.close()
     arena.close()
     shutil.rmtree(folder, ignore_errors=True)
-
-
-class _Pipes:
-    """The scorer's stdin and stdout: ``write(data)`` and a file-like ``read(n)``, each raising TimeoutError
-    past ``deadline``. Each pipe has one selector for the process's life: an event's request and reply
-    cross in many pipe-sized chunks, and a selector per chunk would cost system calls on every one."""
-
-    def __init__(self, stdin: int, stdout: int) -> None:
-        self.stdin, self.stdout, self.deadline = stdin, stdout, 0.0
-        self.unread = memoryview(b"")  # what one read brought past the bytes asked for
-        self.readable, self.writable = selectors.DefaultSelector(), selectors.DefaultSelector()
-        for fd, selector, event in ((stdout, self.readable, selectors.EVENT_READ),
-                                    (stdin, self.writable, selectors.EVENT_WRITE)):  # fmt: skip
-            os.set_blocking(fd, False)
-            selector.register(fd, event)
-            with contextlib.suppress(OSError):  # a kernel's cap below it: the pipe stays as it is
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-
-    def read(self, count: int) -> bytes:
-        """Up to ``count`` bytes; a frame's lengths, header and payload come from as few reads as the pipe
-        allows (each read takes what is there: a pipe holds 64 KiB)."""
-        if not self.unread:
-            self._wait(self.readable)
-            self.unread = memoryview(os.read(self.stdout, min(max(count, 1 << 16), 1 << 24)))
-        chunk, self.unread = self.unread[:count], self.unread[count:]
-        return bytes(chunk)
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            self._wait(self.writable)
-            try:
-                view = view[os.write(self.stdin, view) :]
-            except BlockingIOError:
-                continue
-
-    def _wait(self, selector: selectors.BaseSelector) -> None:
-        """Return once the selector's pipe is ready; TimeoutError past ``deadline``."""
-        while True:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            if selector.select(timeout=min(remaining, 1.0)):
-                return
-
-    def close(self) -> None:
-        self.readable.close()
-        self.writable.close()
 
 
 class IsolatedPolicy(Policy):
