@@ -72,11 +72,11 @@ shows no evidence that its scores carry information about which tokens matter. T
    (`--scorer FILE` ships the source of a policy that is not built in).
 2. Send the bundle to the maintainers.
 3. A maintainer checks it against every rule and adds it to the board: `kvbench accept BUNDLE --db PATH`.
-   Its rows then show the submitter and *not verified*.
-4. `kvbench verify BUNDLE --sample N --db PATH` re-runs N randomly drawn problems of each policy, its
-   null and its full cache on the maintainer's machine: on the same runtime the outputs must be
-   identical; on another, the mean re-run − submitted difference must stay within the run's 95%
-   half-interval. Rows become *verified* or *failed*; Provenance names the machine.
+   It is then listed as *pending*, with no score.
+4. `kvbench verify DIGEST --db PATH` re-computes every problem and sample of each run on the maintainer's
+   machine. A run re-computed whole is published with the maintainer's numbers (*re-computed*; marked
+   where they differ from the bundle's claim); a run that cannot be re-computed there (its scorer
+   fails, hangs or breaks a limit) is *failed* and never counted. Provenance names the machine.
 5. `kvbench withdraw DIGEST --db PATH --reason ...` takes a submission off the board.
 
 Rows marked *local* come from runs no submission holds.

@@ -65,11 +65,10 @@ METHOD = (
     "bytes/token, byte budget: the tokens "
     "the cache held after each event, what one cost and what they cost together per sequence (a "
     "mixed-precision protocol holds more tokens in the same bytes). Each submission's policies are paired "
-    "with its own null and full cache, and Holm-corrected among themselves. *verified (identical "
-    "outputs)*: a maintainer re-ran a sample of the submission's problems (`kvbench verify`) on the "
-    "machine the runs recorded and got the same outputs; *verified (paired scores)*: on another machine, "
-    "with scores inside the runs' intervals; *conflict*: another submission holds other outputs of the "
-    "same spec on the same machine; *local*: runs no submission holds."
+    "with its own null and full cache, and Holm-corrected among themselves. *re-computed*: every number "
+    "of a submitted row is the maintainer's, computed again whole on their machine (`kvbench verify`); "
+    "*(claim differed)*: the outputs the submission claimed were not those, and the board shows the "
+    "maintainer's; *local*: runs no submission holds. A submission is scored only once re-computed."
 )
 TRAILING = ("K/N_avg", "problems × samples")
 PINNED_VERDICTS = 1  # verdict columns pinned beside the policy, at most: Streamlit unpins every column
@@ -315,21 +314,20 @@ def _empty_page(database: Path, public: bool) -> None:
 
 
 def _trust_view(notices: queries.Notices) -> None:
-    """Runs taken off the board by a failed verification, and runs that disagree on one machine: named
-    above every table (their cells come from bundles, so they are shown as table cells, never Markdown)."""
+    """Submissions waiting for re-computation, and runs that could not be re-computed: named above every
+    table (their cells come from bundles, so they are shown as table cells, never Markdown)."""
     if not notices.failed.empty:
         st.error(
-            f"{len(notices.failed)} submitted run(s) failed verification and no longer count: no verdict, "
-            "pairing or curve on this board reads them."
+            f"{len(notices.failed)} submitted run(s) could not be re-computed here and never count: no "
+            "verdict, pairing or curve on this board reads them."
         )
         _table(notices.failed, key="failed_runs")
-    if not notices.conflicts.empty:
-        st.warning(
-            f"{len(notices.conflicts)} run(s) conflict: two submissions recorded the same spec on the same "
-            "machine (versions, CPU features, GPU and driver) with other outputs. Both count, marked "
-            "*conflict*, until the maintainer's `kvbench verify` of both decides which is right."
+    if not notices.pending.empty:
+        st.info(
+            f"{len(notices.pending)} submission(s) wait for the maintainer to re-compute them: listed, not "
+            "scored, until every number of a run is computed here."
         )
-        _table(notices.conflicts, key="conflicts")
+        _table(notices.pending, key="pending_submissions")
 
 
 def _leaderboard_view(table: queries.Table, title: str) -> None:

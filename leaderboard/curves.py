@@ -18,12 +18,11 @@ from kvbench.results.summary import QUANTITIES, most_complete, summarize
 from kvbench.specs.metric_kind import pools, task_metric
 from kvbench.specs.resolved import Role
 from kvbench.specs.task import TaskSpec
-from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
+from kvbench.store.board_tables import counted_runs
 from kvbench.store.ingest import reading
 
 _CURVE_RUNS = f"""
-SELECT run_id, task, policy, policy_params, role, ratio, coalesce(source, '{LOCAL_SOURCE}') FROM runs
-LEFT JOIN {{sources}} USING (run_id)
+SELECT run_id, task, policy, policy_params, role, ratio, source FROM {{runs}} runs
 WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ?
   AND (ratio IS NOT NULL OR role = ?)
   AND list_contains(?, task)
@@ -61,7 +60,7 @@ def budget_curves(
         tasks = next(iter(curve_groups(database, model, protocol, quantity).values()), ())
     with reading(database) as con:
         runtime, seed = context_or_first(con, model, protocol, runtime, seed)
-        query = _CURVE_RUNS.format(sources=run_sources(con))
+        query = _CURVE_RUNS.format(runs=counted_runs(con))
         found = con.execute(query, [model, protocol, runtime, seed, Role.REFERENCE, list(tasks)]).fetchall()
         runs = [run._replace(role=Role(run.role)) for run in map(_CurveRun._make, found)]
         summaries = summarize(con, [r.run_id for r in runs], quantity)
@@ -96,7 +95,7 @@ def curve_groups(
     pooled (where a kind has two or more; "all tasks" when every task is of one kind), then each alone."""
     with reading(database) as con:
         found = con.execute(
-            "SELECT task, any_value(spec->'task') FROM runs WHERE model = ? AND protocol = ? "
+            f"SELECT task, any_value(spec->'task') FROM {counted_runs(con)} WHERE model = ? AND protocol = ? "
             "AND ratio IS NOT NULL GROUP BY task ORDER BY task",
             [model, protocol],
         ).fetchall()

@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP
 from kvbench.leaderboard.queries import Capped
+from kvbench.store.board_tables import counted_runs
 from kvbench.store.ingest import reading
 
 LICENCE = (
@@ -31,7 +32,7 @@ SELECT run_id, label, role, model, task, task_version, policy, policy_params, pr
        adapter, device, dtype, attention, kvbench_version, git_sha, git_dirty,
        hardware->>'cpu' AS cpu, hardware->>'gpu' AS gpu, hardware->>'gpu_count' AS gpu_count,
        sha256(spec::VARCHAR)[:16] AS spec_sha256, to_timestamp(created) AS created
-FROM runs WHERE list_contains(?, run_id) ORDER BY label, run_id
+FROM {runs} WHERE list_contains(?, run_id) ORDER BY label, run_id
 """
 
 _SAMPLES = """
@@ -40,27 +41,31 @@ SELECT s.run_id, s.task, s.problem_id, s.problem_hash, s.sample, s.seed, s.metri
        s.answer_logprob, s.kl_to_full, s.needle_survival, s.needle_whole_layers,
        CASE WHEN r.visibility = 'public' THEN left(s.output, $cut) END AS output,
        CASE WHEN r.visibility = 'public' THEN length(s.output) > $cut END AS output_cut
-FROM samples s JOIN runs r USING (run_id)
+FROM samples s JOIN {runs} r USING (run_id)
 WHERE list_contains($runs, s.run_id) ORDER BY s.run_id, s.problem_id, s.sample LIMIT $limit
 """
 
 
 def published_runs(database: Path, run_ids: list[str]) -> pd.DataFrame:
     with reading(database) as con:
-        return con.execute(_RUNS, [run_ids]).df()
+        return con.execute(_RUNS.format(runs=counted_runs(con)), [run_ids]).df()
 
 
 def published_samples(database: Path, run_ids: list[str], limit: int = ROW_CAP) -> Capped:
     """The first ``limit`` sample rows of the runs (by run, problem, sample), and how many there are."""
     with reading(database) as con:
-        rows = con.execute(_SAMPLES, {"runs": run_ids, "cut": OUTPUT_CAP, "limit": limit}).df()
+        rows = con.execute(
+            _SAMPLES.format(runs=counted_runs(con)), {"runs": run_ids, "cut": OUTPUT_CAP, "limit": limit}
+        ).df()
     return Capped(rows, sample_count(database, run_ids))
 
 
 def sample_count(database: Path, run_ids: list[str]) -> int:
     with reading(database) as con:
         found = con.execute(
-            "SELECT count(*) FROM samples WHERE list_contains(?, run_id)", [run_ids]
+            f"SELECT count(*) FROM samples JOIN {counted_runs(con)} USING (run_id) "
+            "WHERE list_contains(?, run_id)",
+            [run_ids],
         ).fetchone()
     return found[0] if found else 0
 

@@ -2,9 +2,10 @@
 
 Public mode never selects what names the machine, but a Space's files can be downloaded, database and
 all. So the copy leaves out the ingest's bookkeeping, every absolute path inside a resolved spec (a task
-run with ``--data`` records its local folder), the platform string of every machine record, who accepted
-a submission (a user name) and the free text of verifications. Everything the app reads is kept; a run's
-spec hash on the page is then that of its published spec.
+run with ``--data`` records its local folder), the platform string of every machine record (the runs',
+the benchmarks', the machine that re-computed a submitted run) and who accepted a submission (a user
+name). Everything the app reads is kept; a run's spec hash on the page is then that of its published
+spec.
 
 Usage: python -m kvbench.leaderboard.publish SOURCE.duckdb TARGET.duckdb
 """
@@ -37,9 +38,8 @@ _SELECT = {
         "SELECT * REPLACE (CASE WHEN provenance IS NULL THEN NULL ELSE json_merge_patch(provenance, "
         """'{"hardware": {"platform": null}}')::VARCHAR END AS provenance) FROM src.value_analysis"""
     ),
-    "verifications": (
-        f"SELECT * REPLACE ({_without_platform('machine')} AS machine, NULL::VARCHAR AS detail) "
-        "FROM src.verifications"
+    "submission_runs": (
+        f"SELECT * REPLACE ({_without_platform('machine')} AS machine) FROM src.submission_runs"
     ),
 }
 LEFT_OUT = {"ingested_files"}

@@ -18,7 +18,7 @@ import pandas as pd
 
 from kvbench.leaderboard.display import MISSING, parameters_text, setting_label
 from kvbench.leaderboard.public import ROW_CAP
-from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, conflicting_runs, held_runs
+from kvbench.leaderboard.submissions import LOCAL, Notices, arm_badge, held_runs
 from kvbench.leaderboard.submissions import notices as board_notices
 from kvbench.results.compare import effect_text, holm_families, needed_text, plus_minus, task_tables
 from kvbench.results.comparison import (
@@ -35,7 +35,7 @@ from kvbench.results.summary import CellSummary, summarize
 from kvbench.specs.metric_kind import Metric, pools
 from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import Role
-from kvbench.store.board_tables import LOCAL_SOURCE, tables
+from kvbench.store.board_tables import LOCAL_SOURCE, counted_runs, tables
 from kvbench.store.ingest import reading
 
 
@@ -43,7 +43,10 @@ def has_results(database: Path) -> bool:
     if not database.is_file():
         return False
     with reading(database) as con:
-        return "runs" in tables(con) and con.execute("SELECT count(*) FROM runs").fetchall()[0][0] > 0
+        return (
+            "runs" in tables(con)
+            and con.execute(f"SELECT count(*) FROM {counted_runs(con)}").fetchall()[0][0] > 0
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def choices(
         compressions = [
             Compression(ratio, None if ratio else budget)
             for ratio, budget in con.execute(
-                "SELECT DISTINCT ratio, CASE WHEN ratio IS NULL THEN budget END FROM runs "
+                f"SELECT DISTINCT ratio, CASE WHEN ratio IS NULL THEN budget END FROM {counted_runs(con)} "
                 f"WHERE model = ? AND protocol = ? AND {RUNTIME} = ? AND protocol_seed = ? "
                 "AND role <> ? ORDER BY ratio NULLS LAST, 2",
                 [model, protocol, runtime, seed, Role.REFERENCE],
@@ -106,7 +109,7 @@ def _distinct(con: duckdb.DuckDBPyConnection, column: str, *where: tuple[str, ob
     """The values of ``column`` among the runs that match every (column, value) of ``where``, ascending
     (NULL last)."""
     matched = " AND ".join(["TRUE", *(f"{name} = ?" for name, _ in where)])
-    query = f"SELECT DISTINCT {column} FROM runs WHERE {matched} ORDER BY 1"
+    query = f"SELECT DISTINCT {column} FROM {counted_runs(con)} WHERE {matched} ORDER BY 1"
     return [r[0] for r in con.execute(query, [value for _, value in where]).fetchall()]
 
 
@@ -202,7 +205,7 @@ def leaderboard(
     metric is of the same kind: *average*, *verdict*, ... when the tasks are of one kind (a one-task
     table's are its task's), "pooled KIND ..." per kind when they mix. ``name`` then only selects which
     policies' rows are shown: a filter never changes the family of the correction, hence never a
-    verdict. Each row names the submission holding its runs and the badge of their newest verifications.
+    verdict. Each row names the submission holding its runs and their badge (re-computed by the operator).
     """
     with reading(database) as con:
         runs = table_runs(con, model, protocol, compression, runtime, seed)
@@ -214,7 +217,6 @@ def leaderboard(
         shown = [a for a in arms if a.role != Role.POLICY or name.lower() in a.policy.lower()]
         run_ids = [run.run_id for arm in shown for run in arm.runs.values()]
         held = held_runs(con, run_ids)
-        conflicting = conflicting_runs(con)
         memory = _memory(con, run_ids)
     metrics = task_metrics(runs, quantity)
     by_kind = pools(metrics, common)
@@ -237,7 +239,7 @@ def leaderboard(
             record |= _tested(pooled, column(POOLED.format(label), ""), arm.role)
         for task, results in per_task.items():
             record |= _tested(results.get(key), column(task, ""), arm.role if task in arm.runs else None)
-        submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held, conflicting)
+        submission, verified = arm_badge([run.run_id for run in arm.runs.values()], held)
         records.append(record | {"submission": submission, "verified": verified})
     mismatched = _mismatches(shown, tasks, summaries)
     for record, arm in zip(records, shown, strict=True):
@@ -341,7 +343,8 @@ def _memory(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, tup
     """Per run: (K held in tokens, the byte budget, N_avg), as its samples recorded them."""
     found = con.execute(
         "SELECT run_id, avg(kv_budget_tokens), avg(kv_budget_bytes), any_value(r.n_avg) FROM samples "
-        "JOIN runs r USING (run_id) WHERE list_contains(?, run_id) AND kv_budget_tokens IS NOT NULL "
+        f"JOIN {counted_runs(con)} r USING (run_id) WHERE list_contains(?, run_id) "
+        "AND kv_budget_tokens IS NOT NULL "
         "GROUP BY run_id",
         [run_ids],
     ).fetchall()
@@ -460,7 +463,7 @@ def eviction_cost(database: Path, run_ids: list[str]) -> pd.DataFrame:
         cost = con.execute(
             "SELECT r.policy, r.role, sum(s.evictions) AS events, "
             "1000 * sum(s.eviction_seconds) / nullif(sum(s.evictions), 0) AS ms_per_event "
-            "FROM samples s JOIN runs r USING (run_id) WHERE list_contains(?, run_id) "
+            f"FROM samples s JOIN {counted_runs(con)} r USING (run_id) WHERE list_contains(?, run_id) "
             "GROUP BY r.policy, r.role HAVING sum(s.evictions) > 0 ORDER BY ms_per_event",
             [run_ids],
         ).df()
@@ -474,7 +477,7 @@ def policy_runs(database: Path, policy: str) -> pd.DataFrame:
     with reading(database) as con:
         runs = con.execute(
             "SELECT run_id, model, task, protocol, budget, ratio, policy_params AS parameters, visibility "
-            "FROM runs WHERE policy = ? ORDER BY model, task, protocol, ratio, budget",
+            f"FROM {counted_runs(con)} WHERE policy = ? ORDER BY model, task, protocol, ratio, budget",
             [policy],
         ).df()
         summaries = summarize(con, list(runs["run_id"]))
@@ -504,11 +507,14 @@ def problems(database: Path, run_id: str, limit: int = ROW_CAP) -> Capped:
         rows = con.execute(
             "SELECT s.problem_id, s.sample, s.metric, s.correct, s.finish_reason, s.generated_tokens, "
             "s.evictions, CASE WHEN r.visibility = 'public' THEN s.output END AS output "
-            "FROM samples s JOIN runs r USING (run_id) WHERE s.run_id = ? ORDER BY s.problem_id, s.sample "
+            f"FROM samples s JOIN {counted_runs(con)} r USING (run_id) WHERE s.run_id = ? "
+            "ORDER BY s.problem_id, s.sample "
             "LIMIT ?",
             [run_id, limit],
         ).df()
-        found = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [run_id]).fetchone()
+        found = con.execute(
+            f"SELECT count(*) FROM samples JOIN {counted_runs(con)} USING (run_id) WHERE run_id = ?", [run_id]
+        ).fetchone()
     return Capped(rows, found[0] if found else 0)
 
 
@@ -519,7 +525,7 @@ SELECT run_id, label, sha256(spec::VARCHAR)[:16] AS spec_sha256, adapter, device
        packages->>'transformers' AS transformers, hardware->>'cpu' AS cpu,
        hardware->>'gpu' AS gpu, hardware->>'gpu_count' AS gpu_count, hardware->>'gpu_driver' AS gpu_driver,
        protocol_seed, samples_per_problem, to_timestamp(created) AS created
-FROM runs WHERE list_contains(?, run_id) ORDER BY label
+FROM {runs} WHERE list_contains(?, run_id) ORDER BY label
 """
 
 
@@ -531,11 +537,12 @@ def trust_notices(database: Path) -> Notices:
 
 def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
     """Where every number came from: run, spec hash, versions, hardware, date; for a submitted run, its
-    submission and the newest verification, with the machine that re-ran it (CPU and GPU models)."""
+    submission, whether its claim matched, and the operator's machine that re-computed it (CPU and GPU
+    models)."""
     with reading(database) as con:
-        runs = con.execute(_PROVENANCE, [run_ids]).df()
+        runs = con.execute(_PROVENANCE.format(runs=counted_runs(con)), [run_ids]).df()
         held = held_runs(con, run_ids)
-    held = held.rename(columns={"submitter": "submission", "outcome": "verification"})
+    held = held.rename(columns={"submitter": "submission"})
     runs = runs.merge(held, on="run_id", how="left")
     runs["submission"] = runs["submission"].fillna(LOCAL)
     return runs
@@ -545,7 +552,7 @@ def policy_documentation(database: Path, policy: str) -> dict | None:
     """The documentation saved with the newest run of ``policy``: that of the code behind its numbers."""
     with reading(database) as con:
         found = con.execute(
-            "SELECT policy_doc FROM runs WHERE policy = ? AND policy_doc IS NOT NULL "
+            f"SELECT policy_doc FROM {counted_runs(con)} WHERE policy = ? AND policy_doc IS NOT NULL "
             "ORDER BY created DESC LIMIT 1",
             [policy],
         ).fetchone()

@@ -16,6 +16,7 @@ import streamlit as st
 from kvbench.leaderboard.display import MISSING
 from kvbench.leaderboard.queries import Table
 from kvbench.specs.resolved import Role
+from kvbench.store.board_tables import counted_runs
 from kvbench.store.ingest import reading
 
 FIGURES = {
@@ -57,7 +58,7 @@ def retention_figures(database: Path, run_ids: list[str]) -> pd.DataFrame:
                     AND correct IS NOT NULL
             )
             SELECT r.policy, r.role, p.figure, p.x, avg(p.value) AS value, count(*) AS samples
-            FROM points p JOIN runs r USING (run_id)
+            FROM points p JOIN {counted_runs(con)} r USING (run_id)
             WHERE NOT isnan(p.value)
             GROUP BY ALL ORDER BY r.policy, p.figure, p.x
             """,

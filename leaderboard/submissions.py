@@ -1,8 +1,11 @@
-"""Who submitted the runs behind a row, and whether a maintainer's re-run confirmed them.
+"""Who submitted the runs behind a row, and what the operator's re-computation found.
 
-`kvbench accept` writes the tables ``submissions``, ``submission_runs`` and ``verifications`` into the
-leaderboard database; a database of one's own runs has none of them, and its runs are *local*. A
-withdrawn submission holds nothing. A run's verification is its newest one by a live submission.
+`kvbench accept` writes the tables ``submissions`` and ``submission_runs`` into the leaderboard database
+(kvbench.store.board_tables); a database of one's own runs has none of them, and its runs are *local*.
+Every number on a board is the operator's: a submitted run enters the tables the pages read only once
+`kvbench verify` re-computed it whole (*published*). Until then its submission is listed as pending, with
+no score; a run that could not be re-computed is listed as failed, with the reason; a withdrawn
+submission holds nothing.
 """
 
 from __future__ import annotations
@@ -14,117 +17,89 @@ import duckdb
 import pandas as pd
 
 from kvbench.leaderboard.display import MISSING
-from kvbench.store.board_tables import CONFLICTS, NEWEST_VERIFICATIONS, scoped, tables
+from kvbench.store.board_tables import DIFFERS, FAILED, MATCHES, PENDING, PUBLISHED, scoped
 
 LOCAL = "local"
-VERIFIED, NOT_VERIFIED, FAILED, CONFLICT = "verified", "not verified", "failed", "conflict"
-IDENTICAL, PAIRED = "identical outputs", "paired scores"
-"""The two checks `kvbench verify` makes: exact outputs on the machine the run recorded, or scores within
-the run's interval elsewhere. A badge names the one a run passed."""
-COLUMNS = ["run_id", "submitter", "bundle", "outcome", "method", "problems", "verified_on", "verified_at"]
+RECOMPUTED = "re-computed"
+"""The badge of a published run: the operator computed every number of it."""
+CLAIM_DIFFERED = f"{RECOMPUTED} (claim differed)"
+"""A published run whose re-computed outputs are not the ones its bundle claimed: the board shows the
+re-computed ones."""
+COLUMNS = ["run_id", "submitter", "bundle", "claim", "recomputed_on", "recomputed_at"]
 
-_HELD = """
-WITH live AS (SELECT bundle_sha256, submitter FROM submissions WHERE withdrawn_at IS NULL),
-held AS (
-    SELECT run_id, {identity} AS identity, bundle_sha256, submitter
-    FROM submission_runs JOIN live USING (bundle_sha256)
-    WHERE list_contains(?, run_id)
-    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY bundle_sha256) = 1
-)
-SELECT run_id, submitter, bundle_sha256[:12] AS bundle, outcome, method, problems,
+_HELD = f"""
+SELECT run_id, submitter, bundle_sha256[:12] AS bundle, claim,
        -- the machine's CPU and GPU models only: its platform string names the kernel build
        concat_ws(' · ', machine->>'cpu',
                  CASE WHEN machine->>'gpu' IS NOT NULL THEN coalesce(machine->>'gpu_count', '1') || '× '
-                      || (machine->>'gpu') END) AS verified_on,
-       to_timestamp(verified_at) AS verified_at
-FROM held LEFT JOIN {newest} newest USING (bundle_sha256, identity)
+                      || (machine->>'gpu') END) AS recomputed_on,
+       to_timestamp(recomputed_at) AS recomputed_at
+FROM submission_runs JOIN submissions USING (bundle_sha256)
+WHERE list_contains(?, run_id) AND withdrawn_at IS NULL AND state = '{PUBLISHED}'
 """
-_NO_VERIFICATIONS = (
-    "(SELECT NULL::VARCHAR AS bundle_sha256, NULL::VARCHAR AS identity, NULL::VARCHAR AS outcome, "
-    "NULL::VARCHAR AS method, NULL::INTEGER AS problems, NULL::JSON AS machine, NULL::DOUBLE AS verified_at)"
-)
 
 
 def held_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> pd.DataFrame:
-    """One row per run a live submission holds (of ``run_ids``), with its newest verification."""
+    """One row per published run of a live submission (of ``run_ids``): who sent it, and where and when
+    the operator re-computed it."""
     ids = list(dict.fromkeys(run_ids))
-    present = tables(con)
-    if not {"submissions", "submission_runs"} <= present or not ids:
+    if not scoped(con) or not ids:
         return pd.DataFrame(columns=COLUMNS)
-    newest = NEWEST_VERIFICATIONS if "verifications" in present else _NO_VERIFICATIONS
-    # a board written before runs were scoped stored a run under its identity
-    identity = "identity" if scoped(con) else "run_id"
-    return con.execute(_HELD.format(identity=identity, newest=newest), [ids]).df()
+    return con.execute(_HELD, [ids]).df()
 
 
-def conflicts(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """Runs of one identity that two submissions recorded on one output environment with other outputs
-    (both still count until `kvbench verify` fails one): the cell, both submissions, and both board run
-    ids (``first_run``, ``second_run``)."""
+def pending_submissions(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Live submissions with runs not re-computed yet: listed, never scored."""
     if not scoped(con):
-        return pd.DataFrame(columns=["cell", "first", "second", "first_run", "second_run"])
-    found = con.execute(
-        f"SELECT label AS cell, first[:12] AS first, second[:12] AS second, first_run, second_run "
-        f"FROM ({CONFLICTS})",
-        [None, None],
-    )
-    return found.df()
+        return pd.DataFrame(columns=["submitter", "bundle", "accepted_at", "pending", "runs"])
+    return con.execute(
+        f"""SELECT any_value(s.submitter) AS submitter, r.bundle_sha256[:12] AS bundle,
+                   to_timestamp(any_value(s.accepted_at)) AS accepted_at,
+                   count(*) FILTER (WHERE r.state = '{PENDING}') AS pending, count(*) AS runs
+            FROM submission_runs r JOIN submissions s USING (bundle_sha256)
+            WHERE s.withdrawn_at IS NULL GROUP BY r.bundle_sha256
+            HAVING count(*) FILTER (WHERE r.state = '{PENDING}') > 0 ORDER BY accepted_at, bundle"""
+    ).df()
 
 
 def failed_runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """The live submissions' runs whose newest verification failed: off every table, verdict and curve,
-    named here so that the page can say so."""
-    if not scoped(con) or "verifications" not in tables(con):
-        return pd.DataFrame(columns=["cell", "submitter", "bundle", "failed_at", "detail"])
-    found = con.execute(
+    """The live submissions' runs that could not be re-computed here: never counted, named here so that
+    the page can say so."""
+    if not scoped(con):
+        return pd.DataFrame(columns=["cell", "submitter", "bundle", "failed_at", "reason"])
+    return con.execute(
         f"""SELECT r.label AS cell, s.submitter, r.bundle_sha256[:12] AS bundle,
-                   to_timestamp(v.verified_at) AS failed_at, v.detail
+                   to_timestamp(r.recomputed_at) AS failed_at, r.reason
             FROM submission_runs r JOIN submissions s USING (bundle_sha256)
-            JOIN {NEWEST_VERIFICATIONS} v USING (bundle_sha256, identity)
-            WHERE s.withdrawn_at IS NULL AND v.outcome = '{FAILED}'
+            WHERE s.withdrawn_at IS NULL AND r.state = '{FAILED}'
             ORDER BY r.label, bundle"""
-    )
-    return found.df()
-
-
-def conflicting_runs(con: duckdb.DuckDBPyConnection) -> set[str]:
-    """The board runs in a conflict (:func:`conflicts`): both sides."""
-    found = conflicts(con)
-    return {*found["first_run"], *found["second_run"]}
+    ).df()
 
 
 @dataclass(frozen=True)
 class Notices:
-    """What the page says above every table about the board's trust: runs of one identity that disagree
-    on one machine, and runs that failed verification and no longer count."""
+    """What the page says above every table about the board: submissions waiting for re-computation, and
+    runs that could not be re-computed and never count."""
 
-    conflicts: pd.DataFrame
+    pending: pd.DataFrame
     failed: pd.DataFrame
 
 
 def notices(con: duckdb.DuckDBPyConnection) -> Notices:
-    return Notices(conflicts(con).drop(columns=["first_run", "second_run"]), failed_runs(con))
+    return Notices(pending_submissions(con), failed_runs(con))
 
 
-def arm_badge(run_ids: Iterable[str], held: pd.DataFrame, conflicting: Iterable[str] = ()) -> tuple[str, str]:
-    """(submission, verified) for an arm: its submitters, and ``verified (identical outputs)`` when every
-    run's newest verification re-ran it to the same outputs, ``verified (paired scores)`` when every one
-    verified it and one of them on another machine (its scores within their interval), ``failed`` when
-    any failed, ``conflict`` when a run is in ``conflicting`` (another submission holds other outputs
-    of it on the same machine) and unverified, ``not verified`` otherwise; an arm no live submission
-    holds is ``local``, with nothing to verify."""
+def arm_badge(run_ids: Iterable[str], held: pd.DataFrame) -> tuple[str, str]:
+    """(submission, badge) for an arm: its submitters, and ``re-computed`` (every run's numbers are the
+    operator's), marked where a run's re-computed outputs differ from those its bundle claimed; an arm no
+    live submission holds is ``local``."""
     rows = held.set_index("run_id").reindex(list(run_ids))
     if rows["submitter"].isna().all():
         return LOCAL, MISSING
     names = sorted({s or "anonymous" for s in rows["submitter"].dropna()})
     # a row can mix submitted runs with local ones (say, a full cache run here): both are named
     submitters = ", ".join(names + ([LOCAL] if rows["submitter"].isna().any() else []))
-    outcomes = rows["outcome"]
-    if (outcomes == FAILED).any():
-        return submitters, FAILED
-    if (outcomes == VERIFIED).all():
-        method = IDENTICAL if (rows["method"] == IDENTICAL).all() else PAIRED
-        return submitters, f"{VERIFIED} ({method})"
-    if set(rows.index) & set(conflicting):
-        return submitters, CONFLICT
-    return submitters, NOT_VERIFIED
+    if (rows["claim"] == DIFFERS).any():
+        return submitters, CLAIM_DIFFERED
+    assert rows["claim"].dropna().eq(MATCHES).all()
+    return submitters, RECOMPUTED

@@ -20,6 +20,8 @@ from kvbench.errors import StorageError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+
+    from kvbench.runner.executor import Executor
 Request = TypeVar("Request", bound="DataclassInstance")
 
 # Every C0 and C1 control character and DEL (Unicode category Cc), and the bidirectional overrides that
@@ -110,6 +112,46 @@ def mib(nbytes: int) -> str:
 def from_flags(kind: type[Request], args: argparse.Namespace, **given: Any) -> Request:
     """A ``kind`` (a dataclass) with each field from the flag of its name, those in ``given`` aside."""
     return kind(**given, **{f.name: getattr(args, f.name) for f in fields(kind) if f.name not in given})
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the units of work run: this process, or a Ray cluster (`run`, and `verify`'s
+    re-computation)."""
+    ray = parser.add_argument_group("executor (where the units of work run)")
+    ray.add_argument(
+        "--executor", choices=["local", "ray"], default="local", help="local (this process) or a Ray cluster"
+    )
+    ray.add_argument("--address", help="Ray: the cluster's address (default: start one on this machine)")
+    ray.add_argument("--ray-workers", type=int, help="Ray: model replicas (default: what the cluster holds)")
+    ray.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        help="Ray, CPU: CPUs (torch threads) per replica (default: a node's CPU count)",
+    )
+    ray.add_argument("--ray-gpus-per-worker", type=int, default=1, help="Ray, CUDA: GPUs per replica")
+    ray.add_argument(
+        "--ray-results",
+        choices=["shared", "driver"],
+        default="shared",
+        help="Ray: replicas write shards into the results folder, which every node reaches (shared), or "
+        "return rows",
+    )
+
+
+def executor_from(args: argparse.Namespace, out: Path) -> Executor | None:
+    """The executor the flags of :func:`add_executor_arguments` name (None: this process)."""
+    if args.executor != "ray":
+        return None
+    from kvbench.runner.ray_executor import RayExecutor, RayOptions
+
+    options = RayOptions(
+        address=args.address,
+        workers=args.ray_workers,
+        cpus_per_worker=args.ray_cpus_per_worker,
+        gpus_per_worker=args.ray_gpus_per_worker,
+        results=args.ray_results,
+    )
+    return RayExecutor(out, options)
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

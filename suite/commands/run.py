@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from kvbench.commands.common import (
+    add_executor_arguments,
     add_threads_argument,
     console,
+    executor_from,
     from_flags,
     output_file,
     output_folder,
@@ -33,7 +35,6 @@ from kvbench.specs.resolved import Role
 
 if TYPE_CHECKING:
     from kvbench.results.comparison import ArmResult
-    from kvbench.runner.executor import Executor
     from kvbench.runner.plan import Cell, RunRequest
 
 
@@ -118,24 +119,7 @@ def _register_run(commands: argparse._SubParsersAction) -> None:
         help="with --isolate: an isolated scorer's time limit per call (each event, and loading its file) "
         "and the CPU seconds its processes may use per call (default: 60)",
     )
-    ray = run.add_argument_group("executor (where the units of work run)")
-    ray.add_argument(
-        "--executor", choices=["local", "ray"], default="local", help="local (this process) or a Ray cluster"
-    )
-    ray.add_argument("--address", help="Ray: the cluster's address (default: start one on this machine)")
-    ray.add_argument("--ray-workers", type=int, help="Ray: model replicas (default: what the cluster holds)")
-    ray.add_argument(
-        "--ray-cpus-per-worker",
-        type=float,
-        help="Ray, CPU: CPUs (torch threads) per replica (default: a node's CPU count)",
-    )
-    ray.add_argument("--ray-gpus-per-worker", type=int, default=1, help="Ray, CUDA: GPUs per replica")
-    ray.add_argument(
-        "--ray-results",
-        choices=["shared", "driver"],
-        default="shared",
-        help="Ray: replicas write shards into --out, which every node reaches (shared), or return rows",
-    )
+    add_executor_arguments(run)
     add_threads_argument(run)
     add_memory_arguments(run)
     run.add_argument("--json", type=Path, help="also write the final table to this file")
@@ -216,18 +200,7 @@ def run_command(args: argparse.Namespace) -> int:
     cells = plan(run_request(args))
     if args.plan_only:
         return plan_only(cells, limits, args.prompt_tokens or PROMPT_TOKENS)
-    executor: Executor | None = None  # this process
-    if args.executor == "ray":
-        from kvbench.runner.ray_executor import RayExecutor, RayOptions
-
-        options = RayOptions(
-            address=args.address,
-            workers=args.ray_workers,
-            cpus_per_worker=args.ray_cpus_per_worker,
-            gpus_per_worker=args.ray_gpus_per_worker,
-            results=args.ray_results,
-        )
-        executor = RayExecutor(args.out, options)
+    executor = executor_from(args, args.out)
     if executor is None:  # Ray's replicas have their own threads (--ray-cpus-per-worker)
         warn_if_busy(args.threads, args.device)
     completed = run_cells(

@@ -1,15 +1,15 @@
 """``kvbench export``, ``accept``, ``verify`` and ``withdraw``: results from many machines onto one board.
 
 A submitter packs runs with `kvbench export`; a leaderboard maintainer checks and records the bundle
-with `kvbench accept BUNDLE --db PATH`, re-runs a sample of it with `kvbench verify`, and can take it
-back with `kvbench withdraw`. The rules are in kvbench.submissions.rules.
+with `kvbench accept BUNDLE --db PATH` (its runs pending), re-computes every run of it with `kvbench
+verify DIGEST --db PATH` (each run computed whole is published with the maintainer's numbers), and can
+take it back with `kvbench withdraw`. The rules are in kvbench.submissions.rules.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import shutil
 import tempfile
 import time
@@ -17,12 +17,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
 
-from kvbench.commands.common import console, output_file, printable
+from kvbench.commands.common import (
+    add_executor_arguments,
+    console,
+    executor_from,
+    output_file,
+    output_folder,
+    printable,
+)
+from kvbench.commands.memory import add_memory_arguments, memory_limits, print_plan
 from kvbench.errors import SpecError
 from kvbench.store.atomic import atomic_write
 
@@ -58,24 +66,36 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--rebuild",
         action="store_true",
         help="build the board's database again from the bundles it accepted (kept in submissions/ beside "
-        "it, with their withdrawals and verifications); the old file is replaced only once the new one is "
-        "complete",
+        "it, with their records and the runs re-computed there); the old file is replaced only once the new "
+        "one is complete",
     )
     accept.set_defaults(func=accept_command)
 
     verify = commands.add_parser(
         "verify",
-        help="re-run a seeded sample of a bundle's problems here; exit 1 if a run failed, 3 if one could "
-        "not be verified here",
+        help="re-compute every run of a bundle here, whole; with --db, publish each run computed whole "
+        "(exit 1 if a run failed, 3 if one still waits for --data)",
     )
-    verify.add_argument("bundle", type=Path)
-    verify.add_argument("--sample", type=int, default=2, help="problems per task to re-run (default 2)")
     verify.add_argument(
-        "--seed", type=int, help="seed of the draw of problems (default: a random one, printed and recorded)"
+        "bundle", help="the bundle file, or with --db the sha256 (8 digits or more) of a submission it holds"
     )
-    verify.add_argument("--db", type=Path, help="record the outcome in this leaderboard database")
-    verify.add_argument("--device", help="re-run on another device (then scores are compared, not outputs)")
-    verify.add_argument("--attention", help="re-run with another attention implementation (likewise)")
+    verify.add_argument(
+        "--db", type=Path, help="the leaderboard's database: publish what is re-computed there"
+    )
+    verify.add_argument(
+        "--work",
+        type=Path,
+        help="where to compute (default: with --db, submissions/<sha256>.recomputed beside it, which a "
+        "re-run resumes from; without, a temporary folder)",
+    )
+    verify.add_argument(
+        "--retry",
+        action="store_true",
+        help="with --db: compute again, from nothing, the runs whose re-computation failed (a failed run "
+        "counts only once computed whole)",
+    )
+    verify.add_argument("--device", help="re-compute on another device than the runs recorded")
+    verify.add_argument("--attention", help="re-compute with another attention implementation")
     verify.add_argument(
         "--data",
         action="append",
@@ -91,6 +111,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a submitted scorer (always isolated): its time limit per call (each event, and loading its "
         "file) and the CPU seconds its processes may use per call (default: 60)",
     )
+    add_executor_arguments(verify)
+    add_memory_arguments(verify)
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=verify_command)
 
@@ -159,7 +181,8 @@ def _refused(bundle: Path, failures: list) -> int:
 
 
 def accept_command(args: argparse.Namespace) -> int:
-    from kvbench.submissions.board import accept, rebuild
+    from kvbench.submissions.accept import accept
+    from kvbench.submissions.rebuild import rebuild
 
     started = time.perf_counter()
     if args.rebuild:
@@ -180,94 +203,120 @@ def accept_command(args: argparse.Namespace) -> int:
             return _refused(args.bundle, opened.checked.failures)
         done = accept(opened.copy, opened.sha256, opened.checked, args.db, args.by)
     console.print(
-        f"accepted {done.sha256[:16]}: {done.runs} runs, {done.samples} samples into {args.db} in "
-        f"{time.perf_counter() - started:.1f} s; the board reads {done.snapshot}",
+        f"accepted {done.sha256[:16]}: {done.runs} runs, {done.samples} samples, pending into {args.db} in "
+        f"{time.perf_counter() - started:.1f} s. Nothing of it is scored until it is re-computed here: "
+        f"`kvbench verify {done.sha256[:16]} --db {args.db}`",
         highlight=False,
     )
-    if done.conflicts:
-        console.print(
-            f"{len(done.conflicts)} run(s) conflict with another submission's: the same spec on the same "
-            "output environment gave other outputs. Both stay on the board, flagged; verify both bundles "
-            "(`kvbench verify BUNDLE --db ...`) and the one whose re-run differs stops counting:",
-            highlight=False,
-        )
-        for line in done.conflicts:
-            console.print(f"  {line}", highlight=False, soft_wrap=True)
     return 0
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    from kvbench.submissions.board import live_submission, record_verification
-    from kvbench.submissions.verify import verify
+    from kvbench.isolation.host import IsolationLimits
+    from kvbench.submissions.board import find_submission, kept_bundle, recomputed_folder
+    from kvbench.submissions.publish import awaiting, record
+    from kvbench.submissions.recompute import recompute
 
-    if args.sample < 1:
-        raise SpecError(f"--sample {args.sample}: re-run at least 1 problem per task")
     if args.json is not None:
-        output_file(args.json, "--json")  # before the re-runs, not after them
+        output_file(args.json, "--json")  # before the re-computation, not after it
+    if args.retry and args.db is None:
+        raise SpecError("--retry computes again the runs a board recorded as failed: give --db")
     data = {}
     for item in args.data:
         task, eq, path = item.partition("=")
         if not eq or not task:
             raise SpecError(f"--data {item!r}: give TASK=PATH")
         data[task] = Path(path)
+    bundle = Path(args.bundle)
+    if args.db is not None and not bundle.is_file():
+        sha256, withdrawn = find_submission(args.db, args.bundle)
+        if withdrawn is not None:
+            raise SpecError(f"submission {sha256[:16]} was withdrawn from {args.db}")
+        bundle = kept_bundle(args.db, sha256)
     started = time.perf_counter()
-    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-    with _checked(args.bundle) as opened:
+    with _checked(bundle) as opened, tempfile.TemporaryDirectory() as scratch:
         if opened.checked.failures:
-            return _refused(args.bundle, opened.checked.failures)
+            return _refused(bundle, opened.checked.failures)
         sha256 = opened.sha256
-        if args.db is not None and not live_submission(args.db, sha256):
-            raise SpecError(f"bundle {sha256[:16]} is not a live submission in {args.db}: accept it first")
-        outcomes = verify(
+        only, fresh = None, set()
+        if args.db is not None:
+            states = _awaiting(args.db, sha256, args.retry, awaiting)
+            only, fresh = set(states), {identity for identity, state in states.items() if state == "failed"}
+        work = args.work or (recomputed_folder(args.db, sha256) if args.db is not None else Path(scratch))
+        output_folder(work, "--work")
+        runs = [r for r in opened.checked.runs if only is None or r.run_id in only]
+        _print_plan(sha256, runs, opened.checked, work, args)
+        outcomes = recompute(
             opened.folder,
             opened.checked,
-            count=args.sample,
-            seed=seed,
+            work,
+            only=only,
+            fresh=fresh,
             device=args.device,
             attention=args.attention,
             data=data,
-            scorer_seconds=args.scorer_seconds,
+            limits=IsolationLimits(seconds_per_call=args.scorer_seconds),
+            executor=lambda: executor_from(args, work),
+            memory=memory_limits(args),
+            show_plan=print_plan,
             progress=not args.quiet,
         )
-    title = f"verify {sha256[:16]}, {args.sample} problem(s) per family drawn with seed {seed}"
-    table = Table("run", "cell", "outcome", "method", "problems", "detail", title=title)
+    published = record(args.db, sha256, outcomes) if args.db is not None else []
+    table = Table(
+        "run", "cell", "outcome", "claim", "problems", "samples", "detail", title=f"verify {sha256[:16]}"
+    )
     for o in outcomes:
         # a label and a detail (a scorer's error) come from the bundle: escaped before the table measures them
-        table.add_row(*map(printable, (o.run_id, o.label, o.outcome, o.method, o.problems, o.detail)))
+        row = (o.run_id, o.label, o.outcome, o.claim, o.problems, o.samples, o.detail)
+        table.add_row(*map(printable, row))
     console.print(table)
-    console.print(
-        f"{time.perf_counter() - started:.1f} s on {json.dumps(outcomes[0].machine) if outcomes else '-'}",
-        highlight=False,
-    )
+    machine = json.dumps(outcomes[0].machine) if outcomes else "-"
+    console.print(f"{time.perf_counter() - started:.1f} s on {machine}", highlight=False)
     if args.json is not None:
         text = json.dumps({"bundle_sha256": sha256, "outcomes": [asdict(o) for o in outcomes]})
         atomic_write(args.json, lambda temp: temp.write_text(text))
     if args.db is not None:
-        gone = record_verification(args.db, sha256, [{**asdict(o), "seed": seed} for o in outcomes])
-        if gone:
-            console.print(
-                f"{len(gone)} run(s) failed verification and no longer count on {args.db}: no verdict, "
-                "pairing or curve reads them (a later verification that passes brings them back)",
-                highlight=False,
-            )
+        console.print(
+            f"{len(published)} run(s) published on {args.db} with the numbers computed here", highlight=False
+        )
     return _verify_status(outcomes)
 
 
+def _awaiting(database: Path, sha256: str, retry: bool, awaiting: Any) -> dict[str, str]:
+    from kvbench.store.ingest import reading
+
+    with reading(database) as con:
+        return awaiting(con, sha256, retry)
+
+
+def _print_plan(sha256: str, runs: list, checked: Checked, work: Path, args: argparse.Namespace) -> None:
+    """What the re-computation will compute, before it starts: its runs, and their problems × samples
+    as the bundle holds them (the spec's own problems are computed, whatever the bundle holds)."""
+    assert checked.samples is not None
+    held = dict(checked.samples.execute("SELECT run_id, count(*) FROM samples GROUP BY run_id").fetchall())
+    units = sum(held.get(r.run_id, 0) for r in runs)
+    console.print(
+        f"re-computing {len(runs)} run(s) of {sha256[:16]} whole: {units} sample(s) as the bundle holds "
+        f"them, on {args.device or 'the device each run recorded'} ({args.executor} executor), into "
+        f"{work} (an interrupted re-computation resumes from it)",
+        highlight=False,
+    )
+
+
 def _verify_status(outcomes: list) -> int:
-    """1 when a run failed, 3 when none failed but one could not be verified here, else 0; each run that
-    is not verified named on the last lines, for a script that reads only those."""
+    """1 when a run failed, 3 when none failed but one waits for the operator, else 0; each run that
+    was not re-computed named on the last lines, for a script that reads only those."""
     failed = [o for o in outcomes if o.outcome == "failed"]
-    unchecked = [o for o in outcomes if o.outcome == "not verified"]
-    for word, found in (("failed", failed), ("not verified", unchecked)):
+    waiting = [o for o in outcomes if o.outcome == "waiting"]
+    for word, found in (("failed", failed), ("waiting", waiting)):
         if found:
-            names = ", ".join(f"{o.run_id} ({o.label})" for o in found)
-            line = f"{len(found)} run(s) {word}: {names}"
-            console.print(line, highlight=False, soft_wrap=True)
-    return 1 if failed else 3 if unchecked else 0
+            names = ", ".join(f"{o.run_id} ({printable(o.label)})" for o in found)
+            console.print(f"{len(found)} run(s) {word}: {names}", highlight=False, soft_wrap=True)
+    return 1 if failed else 3 if waiting else 0
 
 
 def withdraw_command(args: argparse.Namespace) -> int:
-    from kvbench.submissions.board import withdraw
+    from kvbench.submissions.withdraw import withdraw
 
     sha256, removed = withdraw(args.db, args.digest, args.reason)
     console.print(f"withdrew {sha256[:16]}: {removed} run(s) removed from {args.db}", highlight=False)

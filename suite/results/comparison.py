@@ -36,7 +36,7 @@ from kvbench.results.summary import QUANTITIES, CellSummary, most_complete
 from kvbench.specs.metric_kind import Margin, Metric, equivalence_margin, task_metric
 from kvbench.specs.protocol import NULL_POLICY
 from kvbench.specs.resolved import ResolvedSpec, Role
-from kvbench.store.board_tables import LOCAL_SOURCE, run_sources
+from kvbench.store.board_tables import counted_runs
 
 RUNTIME = "adapter || '/' || device || '/' || dtype || '/' || attention"
 """A run's runtime as one label: arms are compared within one runtime, never across two."""
@@ -87,8 +87,8 @@ class StoredRun(NamedTuple):
 
 _RUNS = f"""
 SELECT run_id, model, task, protocol, {RUNTIME}, protocol_seed, samples_per_problem, budget, ratio, n_avg,
-       policy, policy_params, role, coalesce(source, '{LOCAL_SOURCE}'), spec
-FROM runs LEFT JOIN {{sources}} USING (run_id)
+       policy, policy_params, role, source, spec
+FROM {{runs}} runs
 WHERE (? IS NULL OR list_contains(?, run_id)) AND (? IS NULL OR model = ?) AND (? IS NULL OR protocol = ?)
 ORDER BY created, run_id
 """
@@ -103,7 +103,7 @@ def stored_runs(
 ) -> list[StoredRun]:
     """Runs in the order they were created; every filter is a bound parameter."""
     ids = None if run_ids is None else list(run_ids)
-    query = _RUNS.format(sources=run_sources(con))
+    query = _RUNS.format(runs=counted_runs(con))
     rows = con.execute(query, [ids, ids, model, model, protocol, protocol]).fetchall()
     return [
         StoredRun._make([*fields, Role(role), source, ResolvedSpec.read(json.loads(spec), Role(role))])

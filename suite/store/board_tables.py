@@ -1,18 +1,31 @@
-"""A leaderboard's tables beside runs and samples, and the readings every layer shares: which submission
-a stored run came from, and which runs of one identity disagree on one machine.
+"""A leaderboard's tables beside runs and samples, and the one reading of which runs count.
 
-`kvbench accept` (kvbench.submissions.board) stores each bundle's runs under run ids of the board's own,
-``<identity>-<bundle sha256, 12 digits>`` (:func:`board_run_id`): runs of one identity from two
-submissions (two groups, two machines) coexist, each with its own samples, and a comparison pairs a run
-only with runs of its own submission. ``submission_runs`` maps each board run to its submission, its
-identity (the resolved spec's hash), the digest of its outputs and the output environment it recorded
-(kvbench.store.manifest.Provenance.output_environment). A database of one's own runs has none of these
-tables: its runs are local.
+`kvbench accept` (kvbench.submissions.accept) records a bundle as a submission whose runs are *pending*:
+nothing of it enters ``runs`` or ``samples``. `kvbench verify` (kvbench.submissions.recompute)
+re-computes each run whole on the operator's machine; a run re-computed whole is *published*: its
+operator-computed manifest and samples are stored under a board run id of its own,
+``<identity>-<bundle sha256, 12 digits>`` (:func:`board_run_id`), so that runs of one identity from two
+submissions coexist and a comparison pairs a run only with runs of its own submission. A run that cannot
+be re-computed here is *failed*, with the reason, and never stored. ``submission_runs`` holds each
+submitted run's state, the digest of the outputs the submitter claimed and of those re-computed.
+
+Every reader of a board reads runs through :func:`counted_runs`: a pending or failed run, or one of a
+withdrawn submission, is in no relation a page or a comparison reads. A database of one's own runs has
+none of these tables: its runs are local and all count.
 """
 
 from __future__ import annotations
 
 import duckdb
+
+PENDING, PUBLISHED, FAILED = "pending", "published", "failed"
+"""A submitted run's states: accepted and waiting for re-computation; re-computed whole here and on the
+board; not re-computable here (its scorer failed, hung or broke a limit; a version the operator lacks),
+never counted."""
+
+MATCHES, DIFFERS = "matches", "differs"
+"""Whether the outputs the operator re-computed are those the submitter claimed (the board shows the
+re-computed ones either way)."""
 
 SUBMISSION_TABLES = """
 CREATE TABLE IF NOT EXISTS submissions (
@@ -21,16 +34,20 @@ CREATE TABLE IF NOT EXISTS submissions (
     withdrawn_at DOUBLE, withdrawn_reason VARCHAR
 );
 CREATE TABLE IF NOT EXISTS submission_runs (
-    bundle_sha256 VARCHAR, identity VARCHAR, run_id VARCHAR, label VARCHAR, outputs VARCHAR,
-    environment VARCHAR, PRIMARY KEY (bundle_sha256, identity)
-);
-CREATE TABLE IF NOT EXISTS verifications (
-    bundle_sha256 VARCHAR, run_id VARCHAR, outcome VARCHAR, method VARCHAR, problems INTEGER,
-    machine JSON, verified_at DOUBLE, detail VARCHAR
+    bundle_sha256 VARCHAR, identity VARCHAR, run_id VARCHAR, label VARCHAR, claimed_outputs VARCHAR,
+    state VARCHAR, reason VARCHAR, computed_run VARCHAR, outputs VARCHAR, claim VARCHAR, machine JSON,
+    recomputed_at DOUBLE, seconds DOUBLE, PRIMARY KEY (bundle_sha256, identity)
 );
 """
-"""``submission_runs.run_id`` is the board's run id; ``verifications.run_id`` the run's identity, as the
-bundle and `kvbench verify` name it. ``environment`` is the output environment as sorted JSON text."""
+"""``submission_runs.run_id`` is the board's run id, ``identity`` the run's as the bundle names it,
+``computed_run`` the id its re-computation ran under (the identity, or another where the operator chose
+another device or attention), ``machine`` the operator's hardware record."""
+
+SUBMISSION_RUN_COLUMNS = (
+    "bundle_sha256", "identity", "run_id", "label", "claimed_outputs", "state", "reason", "computed_run",
+    "outputs", "claim", "machine", "recomputed_at", "seconds",
+)  # fmt: skip
+"""``submission_runs``' columns, in the order a kept record lists each row's values."""
 
 LOCAL_SOURCE = ""
 """The source of a run no submission holds: one's own runs."""
@@ -47,39 +64,24 @@ def tables(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def scoped(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the database stores submitted runs under board run ids (a board written by this kvbench);
-    False for a database of one's own runs, and for a board written before runs were scoped."""
-    return "submission_runs" in tables(con) and "identity" in con.table("submission_runs").columns
+    """Whether the database is a board this kvbench writes (each submitted run with its state); False for
+    a database of one's own runs, and for a board written before submitted runs were re-computed."""
+    return "submission_runs" in tables(con) and "state" in con.table("submission_runs").columns
 
 
-def run_sources(con: duckdb.DuckDBPyConnection) -> str:
-    """SQL of a relation (run_id, source): the sha256 of the bundle that brought each run; runs missing
-    from it are local. Kvbench's own SQL: no name or value from outside enters it."""
+def counted_runs(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL of the relation every reader of runs goes through: the ``runs`` rows that count, with a
+    ``source`` column (the sha256 of the bundle whose re-computed run it is; LOCAL_SOURCE for one's own).
+    On a board: the published runs of live submissions, and runs no submission holds. Kvbench's own SQL:
+    no name or value from outside enters it."""
     if "submission_runs" not in tables(con):
-        return "(SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS source WHERE false)"
-    # a board written before runs were scoped may hold one run in two submissions: the first names it
-    return "(SELECT run_id, min(bundle_sha256) AS source FROM submission_runs GROUP BY run_id)"
-
-
-CONFLICTS = """
-SELECT a.identity, a.label, a.bundle_sha256 AS first, a.outputs AS first_outputs,
-       b.bundle_sha256 AS second, b.outputs AS second_outputs, a.run_id AS first_run, b.run_id AS second_run
-FROM submission_runs a JOIN submission_runs b
-  ON a.identity = b.identity AND a.environment = b.environment AND a.outputs <> b.outputs
-     AND a.bundle_sha256 < b.bundle_sha256
-WHERE a.run_id IN (SELECT run_id FROM runs) AND b.run_id IN (SELECT run_id FROM runs)
-  AND (? IS NULL OR ? IN (a.bundle_sha256, b.bundle_sha256))
-ORDER BY a.identity, first, second
-"""
-"""Pairs of counting runs (on the board: neither withdrawn nor failed, as both take a run off) of one
-identity, recorded on the same output environment, whose outputs differ: one of them is not what that
-spec gives there, and `kvbench verify` decides which. Bound: a bundle's sha256 to keep the pairs it
-is in, or NULL twice."""
-
-NEWEST_VERIFICATIONS = """
-(SELECT bundle_sha256, run_id AS identity, outcome, method, problems, machine, verified_at, detail
- FROM verifications
- QUALIFY row_number() OVER (PARTITION BY bundle_sha256, run_id ORDER BY verified_at DESC NULLS LAST) = 1)
-"""
-"""Each submitted run's newest verification: the one that decides whether it counts (a run whose newest
-verification failed is off the board's tables until a later one passes)."""
+        return f"(SELECT *, '{LOCAL_SOURCE}' AS source FROM runs)"
+    if not scoped(con):  # an earlier board: its submitted runs were never re-computed, none counts
+        return (
+            f"(SELECT *, '{LOCAL_SOURCE}' AS source FROM runs WHERE run_id NOT IN "
+            "(SELECT run_id FROM submission_runs))"
+        )
+    return f"""(SELECT runs.*, coalesce(held.bundle_sha256, '{LOCAL_SOURCE}') AS source FROM runs
+        LEFT JOIN submission_runs held USING (run_id)
+        LEFT JOIN submissions USING (bundle_sha256)
+        WHERE held.run_id IS NULL OR (held.state = '{PUBLISHED}' AND submissions.withdrawn_at IS NULL))"""

@@ -83,7 +83,7 @@ def test_the_about_page_explains_protocol_statistics_and_submission(board_db: Pa
     for needed in (
         "Budget K", "Buffer B", "protect-prompt", "protocol seed", "Random Attention", "uniformly random",
         "bootstrap", "10,000", "sign test", "Holm", "α = 0.05", "beats null", "kvbench export",
-        "kvbench accept BUNDLE --db PATH", "kvbench verify BUNDLE --sample N", "kvbench withdraw",
+        "kvbench accept BUNDLE --db PATH", "kvbench verify DIGEST --db PATH", "kvbench withdraw",
     ):  # fmt: skip
         assert needed in text, needed
 

@@ -1,5 +1,6 @@
 """Submission badges, on a copy of the board database with the tables `kvbench accept` and `kvbench
-verify` write, filled here by hand: who submitted each row and whether a re-run confirmed it."""
+verify` write, filled here by hand: who submitted each row, that its numbers were re-computed by the
+operator, and that a pending or failed run is on no table."""
 
 from __future__ import annotations
 
@@ -8,20 +9,17 @@ import shutil
 from pathlib import Path
 
 import duckdb
-import pytest
 from boardtest import by_policy, frame, open_app
 
-from kvbench.submissions.board import SUBMISSION_TABLES
+from kvbench.store.board_tables import SUBMISSION_TABLES
 
 MACHINE = {"platform": "Linux-secret-kernel", "cpu": "Test CPU 9000", "gpu": "NVIDIA H200", "gpu_count": 2}
 
 
-@pytest.fixture
-def submitted_db(board_db: Path, tmp_path: Path) -> Path:
-    """At 2x, the policies and the null held by Alice's submission (so paired within it): snapkv verified
-    with identical outputs (an older failed check superseded); streaming verified, one of its runs on
-    another machine (paired scores); random never checked. Carol's withdrawn submission holds nothing on
-    the board any more; the full cache is held by nobody."""
+def _board(board_db: Path, tmp_path: Path, states: dict[str, tuple[str, str | None]]) -> Path:
+    """At 2x, the policies and the null held by Alice's submission (so paired within it), each run in the
+    state and with the claim ``states`` gives (published and matching by default). Carol's withdrawn
+    submission holds the same runs, published; the full cache is held by nobody."""
     database = tmp_path / "submitted.duckdb"
     shutil.copyfile(board_db, database)
     con = duckdb.connect(str(database))
@@ -38,43 +36,67 @@ def submitted_db(board_db: Path, tmp_path: Path) -> Path:
             [sha, who, withdrawn],
         )
     for key, run_id in runs.items():  # a hand-made board: each run keeps its own id as its board id
+        state, claim = states.get(key, ("published", "matches"))
+        reason = "SpecError: the scorer broke off at /home/m/x" if state == "failed" else None
         con.execute(
-            "INSERT INTO submission_runs VALUES ('alice', ?, ?, ?, 'digest', '{}')", [run_id, run_id, key]
+            "INSERT INTO submission_runs "
+            "VALUES ('alice', ?, ?, ?, 'digest', ?, ?, ?, 'digest', ?, ?, 2.0, 1.0)",
+            [run_id, run_id, key, state, reason, run_id, claim, json.dumps(MACHINE)],
         )
-    checks = [
-        ("alice", "snapkv:passkey", "failed", "identical outputs", 1.0),
-        ("alice", "snapkv:passkey", "verified", "identical outputs", 2.0),
-        ("alice", "snapkv:fidelity", "verified", "identical outputs", 2.0),
-        ("alice", "streaming:passkey", "verified", "identical outputs", 2.0),
-        ("alice", "streaming:fidelity", "verified", "paired scores", 3.0),
-        ("carol", "random:passkey", "verified", "identical outputs", 2.0),
-    ]
-    for sha, run, outcome, method, when in checks:
         con.execute(
-            "INSERT INTO verifications VALUES (?, ?, ?, ?, 2, ?, ?, '/home/m/x failed')",
-            [sha, runs[run], outcome, method, json.dumps(MACHINE), when],
+            "INSERT INTO submission_runs VALUES ('carol', ?, ?, ?, 'digest', 'published', NULL, ?, 'digest', "
+            "'matches', ?, 2.0, 1.0)",
+            [run_id, f"{run_id}-carol", key, run_id, json.dumps(MACHINE)],
         )
     con.close()
     return database
 
 
-def test_each_row_names_its_submission_and_verification(submitted_db: Path, monkeypatch) -> None:
-    rows = by_policy(open_app(submitted_db, monkeypatch))
+def test_each_row_names_its_submission_and_that_its_numbers_were_recomputed(
+    board_db: Path, tmp_path: Path, monkeypatch
+) -> None:
+    database = _board(board_db, tmp_path, {"streaming:fidelity": ("published", "differs")})
+    rows = by_policy(open_app(database, monkeypatch))
     badges = {policy: (row["submission"], row["verified"]) for policy, row in rows.items()}
     assert badges == {
-        "snapkv": ("Alice", "verified (identical outputs)"),
-        "streaming": ("Alice", "verified (paired scores)"),
-        "random": ("Alice", "not verified"),  # Carol's verification is of her withdrawn submission
+        "snapkv": ("Alice", "re-computed"),
+        "streaming": ("Alice", "re-computed (claim differed)"),
+        "random": ("Alice", "re-computed"),
         "full": ("local", "—"),
     }
 
 
-def test_provenance_shows_the_verifying_machine_by_model_names(submitted_db: Path, monkeypatch) -> None:
-    app = open_app(submitted_db, monkeypatch, public=True)
+def test_a_pending_or_failed_run_is_on_no_table_and_is_named_above_them(
+    board_db: Path, tmp_path: Path, monkeypatch
+) -> None:
+    states = {"snapkv:passkey": ("pending", None), "snapkv:fidelity": ("failed", None)}
+    app = open_app(_board(board_db, tmp_path, states), monkeypatch)
+    (board,) = [t for t in app.tabs if t.label == "Leaderboard"]
+    (table,) = [d.value for d in board.dataframe if "policy" in d.value.columns]
+    assert set(table["policy"]) == {"streaming", "random", "full"}
+    assert [e.value for e in board.error] == [
+        "1 submitted run(s) could not be re-computed here and never count: no verdict, pairing or curve on "
+        "this board reads them."
+    ]
+    failed = board.dataframe[0].value
+    assert list(failed["cell"]) == ["snapkv:fidelity"] and "broke off" in failed["reason"].iloc[0]
+    assert next(i.value for i in board.info).startswith("1 submission(s) wait for the maintainer")
+    pending = board.dataframe[1].value
+    assert (pending["submitter"].iloc[0], pending["pending"].iloc[0], pending["runs"].iloc[0]) == (
+        "Alice",
+        1,
+        6,
+    )
+
+
+def test_provenance_shows_the_recomputing_machine_by_model_names(
+    board_db: Path, tmp_path: Path, monkeypatch
+) -> None:
+    app = open_app(_board(board_db, tmp_path, {}), monkeypatch, public=True)
     runs = frame(app, "Provenance").set_index("label")
     snap = runs[runs.index.str.contains("/snapkv@")]
-    assert set(snap["submission"]) == {"Alice"} and set(snap["verification"]) == {"verified"}
-    assert set(snap["verified_on"]) == {"Test CPU 9000 · 2× NVIDIA H200"}
+    assert set(snap["submission"]) == {"Alice"} and set(snap["claim"]) == {"matches"}
+    assert set(snap["recomputed_on"]) == {"Test CPU 9000 · 2× NVIDIA H200"}
     assert set(runs[runs.index.str.contains("/full@")]["submission"]) == {"local"}
     text = runs.astype(str).to_csv()
     assert "secret" not in text and "maintainer-login" not in text and "/home/m" not in text

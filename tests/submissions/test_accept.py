@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import duckdb
@@ -24,51 +25,37 @@ from tampering import (
 
 from kvbench.leaderboard import queries
 from kvbench.store.board_tables import board_run_id
-from kvbench.submissions.board import record_verification
+from kvbench.submissions.board import recomputed_folder
+from kvbench.submissions.publish import record
+from kvbench.submissions.recompute import RECOMPUTED, Outcome
 
 
-def test_the_genuine_bundle_is_accepted_and_its_scores_reach_the_board(
-    submission: Path, tmp_path: Path
-) -> None:
+def test_the_genuine_bundle_is_accepted_pending_and_scored_nowhere(submission: Path, tmp_path: Path) -> None:
     bundle = submission / "bundle.kvbench.tar.gz"
     db = tmp_path / "board.duckdb"
     done = cli("accept", str(bundle), "--db", str(db), "--by", "maintainer", cwd=tmp_path)
-    assert "accepted" in done.stdout
+    sha = _sha256(bundle)
+    assert f"accepted {sha[:16]}: 9 runs, 42 samples, pending" in done.stdout, done.stdout
+    assert f"`kvbench verify {sha[:16]} --db {db}`" in " ".join(done.stdout.split())
     ids = {c["run_id"] for c in cells(bundle)}
     assert len(ids) == 9  # the policy, the null and the full cache on passkey, fidelity and gpqa-diamond
-    sha = _sha256(bundle)
-    policy_run = board_run_id(run_of(bundle, "passkey", "keys-norm"), sha)
-    with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
-        # each run under the board's own id: its identity, then its submission's
-        assert {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()} == {
-            f"{i}-{sha[:12]}" for i in ids
-        }
-        assert {r[0] for r in con.execute("SELECT identity FROM submission_runs").fetchall()} == ids
+    snapshot = tmp_path / "board.snapshot.duckdb"
+    with duckdb.connect(str(snapshot), read_only=True) as con:
+        # each run waits under the board's own id (its identity, then its submission's), with its claim
+        found = con.execute("SELECT identity, run_id, state, claimed_outputs FROM submission_runs").fetchall()
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
         submitter, by, withdrawn = con.execute(
             "SELECT submitter, accepted_by, withdrawn_at FROM submissions"
         ).fetchone()
-        stored = dict(
-            con.execute(
-                "SELECT problem_id, avg(metric) FROM samples WHERE run_id = ? GROUP BY 1", [policy_run]
-            ).fetchall()
-        )
-        budget = con.execute("SELECT budget FROM runs WHERE run_id = ?", [policy_run])
-        budget = budget.fetchone()[0]
+    assert {(i, r, s) for i, r, s, _ in found} == {(i, board_run_id(i, sha), "pending") for i in ids}
+    claims = {c["run_id"]: c["output_digest"] for c in cells(bundle)}
+    assert {i: claimed for i, _, _, claimed in found} == claims
     assert (submitter, by, withdrawn) == ("tests <t@example.org>", "maintainer", None)
-    # the scores the board computes are those of the submitter's own shards, read here with pyarrow alone
-    shards = (submission / "runs" / "shards" / run_of(bundle, "passkey", "keys-norm")).glob("*.parquet")
-    rows = [r for s in shards for r in pq.read_table(s).to_pylist()]
-    by_problem: dict[str, list[float]] = {}
-    for r in rows:
-        by_problem.setdefault(r["problem_id"], []).append(r["metric"])
-    expected = {p: sum(v) / len(v) for p, v in by_problem.items()}
-    assert stored == pytest.approx(expected)
-    table = queries.leaderboard(
-        tmp_path / "board.snapshot.duckdb", "tiny-qwen3", "protect-prompt", queries.Compression(4.0, None)
-    )
-    row = table.frame.set_index("policy").loc["keys-norm"]
-    assert row["passkey"].startswith(f"{sum(expected.values()) / len(expected):.3f}")
-    assert budget > 0
+    table = queries.leaderboard(snapshot, "tiny-qwen3", "protect-prompt", queries.Compression(4.0, None))
+    assert table.frame.empty
+    (pending,) = queries.trust_notices(snapshot).pending.itertuples()
+    assert (pending.bundle, pending.pending, pending.runs) == (sha[:12], 9, 9)
     assert (tmp_path / "submissions" / f"{sha}.tar.gz").is_file()
 
 
@@ -277,8 +264,9 @@ def test_a_withdrawn_submission_leaves_the_board_and_cannot_come_back(
     cli("accept", str(bundle), "--db", str(db), cwd=tmp_path)
     digest = _sha256(bundle)
     done = cli("withdraw", digest[:10], "--db", str(db), "--reason", "wrong model revision", cwd=tmp_path)
-    assert f"withdrew {digest[:16]}: 9 run(s) removed" in done.stdout
+    assert f"withdrew {digest[:16]}: 0 run(s) removed" in done.stdout  # pending: none was published
     with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM submission_runs").fetchone() == (9,)
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
         assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
         reason, withdrawn = con.execute("SELECT withdrawn_reason, withdrawn_at FROM submissions").fetchone()
@@ -292,7 +280,6 @@ BOARD = {
     "samples": "SELECT run_id, problem_id, sample, metric FROM samples ORDER BY ALL",
     "submissions": "SELECT * FROM submissions ORDER BY ALL",
     "submission_runs": "SELECT * FROM submission_runs ORDER BY ALL",
-    "verifications": "SELECT * FROM verifications ORDER BY ALL",
 }
 
 
@@ -303,8 +290,23 @@ def _board(database: Path) -> dict[str, list[tuple]]:
 
 
 def _truncate(database: Path) -> None:
+    """Every block after DuckDB's three headers gone: the catalog and the data with them."""
     with database.open("r+b") as handle:
-        handle.truncate(database.stat().st_size // 2)
+        handle.truncate(3 * 4096)
+
+
+def _published(db: Path, bundle: Path, digest: str, run_id: str) -> None:
+    """One run of the bundle recorded as re-computed here: its files copied where `kvbench verify --db`
+    computes (what it computed on this machine is what the submitter computed on this machine), and
+    recorded as that command records it."""
+    with tarfile.open(bundle) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(f"runs/{run_id}/")]
+        archive.extractall(tmp := db.parent / "unpacked", members=members, filter="data")
+    shards = recomputed_folder(db, digest) / "shards"
+    shards.mkdir(parents=True)
+    shutil.move(tmp / "runs" / run_id, shards / run_id)
+    outcome = Outcome(run_id, "cell", RECOMPUTED, "matches", 3, 3, 1.0, "", run_id, "d", {"cpu": "c"})
+    assert record(db, digest, [outcome]) == [board_run_id(run_id, digest)]
 
 
 def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path, tmp_path: Path) -> None:
@@ -312,10 +314,9 @@ def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path,
     db = tmp_path / "board" / "kvbench.duckdb"
     cli("accept", str(bundle), "--db", str(db), "--by", "maintainer", cwd=tmp_path)
     digest = _sha256(bundle)
-    run_id = run_of(bundle, "passkey", "keys-norm")
-    outcome = {"run_id": run_id, "outcome": "verified", "method": "identical outputs", "problems": 2}
-    record_verification(db, digest, [{**outcome, "machine": {"cpu": "c"}, "detail": "ok", "seed": 7}])
+    _published(db, bundle, digest, run_of(bundle, "passkey", "keys-norm"))
     before = _board(db)
+    assert len(before["runs"]) == 1 and len(before["samples"]) == 3
     _truncate(db)
     fix = f"`kvbench accept --rebuild --db {db}`"
     for args in (["withdraw", digest[:10], "--reason", "r"], ["accept", str(bundle)]):
@@ -324,8 +325,8 @@ def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path,
         assert refused.stderr.startswith(f"kvbench: {db} cannot be read: it is damaged"), refused.stderr
         assert fix in refused.stderr and "Traceback" not in refused.stderr
     rebuilt = cli("accept", "--rebuild", "--db", str(db), cwd=tmp_path)
-    assert "from 1 accepted bundle(s) (0 withdrawn): 9 runs" in rebuilt.stdout
-    assert _board(db) == before  # who accepted it and when, its runs, samples and verifications
+    assert "from 1 accepted bundle(s) (0 withdrawn): 1 runs" in rebuilt.stdout
+    assert _board(db) == before  # who accepted it and when, each run's state, the published run's samples
     assert _board(db.with_name("kvbench.snapshot.duckdb")) == before
     cli("withdraw", digest[:10], "--db", str(db), "--reason", "wrong model revision", cwd=tmp_path)
     withdrawn = _board(db)
@@ -335,38 +336,11 @@ def test_a_damaged_board_is_named_and_rebuilt_from_its_bundles(submission: Path,
     assert withdrawn["submissions"][0][-1] == "wrong model revision"
 
 
-def test_a_verification_lands_in_its_columns_on_a_board_that_orders_them_otherwise(tmp_path: Path) -> None:
-    """A board made by an earlier kvbench may hold a table's columns in another order: verifications are
-    written, and kept in the submission's record, by column name."""
-    from kvbench.store.ingest import SCHEMA
-    from kvbench.submissions.board import SUBMISSION_TABLES, VERIFICATION_COLUMNS
-
-    db, sha = tmp_path / "board.duckdb", "ab" * 32
-    reordered = SUBMISSION_TABLES.replace(
-        "bundle_sha256 VARCHAR, run_id VARCHAR, outcome VARCHAR, method VARCHAR, problems INTEGER,\n"
-        "    machine JSON, verified_at DOUBLE, detail VARCHAR",
-        "detail VARCHAR, verified_at DOUBLE, machine JSON, problems INTEGER, method VARCHAR,\n"
-        "    outcome VARCHAR, run_id VARCHAR, bundle_sha256 VARCHAR",
-    )
-    assert reordered != SUBMISSION_TABLES
-    with duckdb.connect(str(db)) as con:
-        con.execute(SCHEMA + reordered)
-        con.execute("INSERT INTO submissions (bundle_sha256, accepted_at) VALUES (?, 1.0)", [sha])
-    outcome = {"run_id": "r1", "outcome": "reproduced", "method": "greedy", "problems": 3,
-               "machine": {"cpu": "x"}, "detail": "3 of 3", "seed": 7}  # fmt: skip
-    record_verification(db, sha, [outcome])
-    with duckdb.connect(str(db), read_only=True) as con:
-        row = con.execute("SELECT run_id, outcome, method, problems, detail FROM verifications").fetchone()
-    assert row == ("r1", "reproduced", "greedy", 3, "3 of 3 (draw seed 7)")
-    kept = json.loads((tmp_path / "submissions" / f"{sha}.json").read_text())["verifications"]
-    assert dict(zip(VERIFICATION_COLUMNS.split(", "), kept[0], strict=True))["outcome"] == "reproduced"
-
-
 def test_a_board_from_before_runs_were_scoped_is_refused_with_how_to_rebuild_it(tmp_path: Path) -> None:
     """A board whose submission_runs has no identity column (an earlier kvbench stored each run once for
     every submission holding it) is never written to: the error says how to rebuild it."""
     from kvbench.errors import PrerequisiteError
-    from kvbench.submissions.board import withdraw
+    from kvbench.submissions.withdraw import withdraw
 
     database = tmp_path / "board.duckdb"
     with duckdb.connect(str(database)) as con:

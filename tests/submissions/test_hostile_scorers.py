@@ -1,8 +1,9 @@
 """Scorers written to fool `kvbench verify`, submitted as a hostile submitter would: each runs, is
-exported with its source, and is verified. In the submitter's own run the attack works (that is what is
-submitted); verification runs the scorer in its own process behind the sandbox, never imports it, and
-so re-runs the cells honestly: the forged results fail, and a scorer that hangs under verification is
-stopped at the time limit with the place named."""
+exported with its source, and is re-computed. In the submitter's own run the attack works (that is what
+is submitted); the re-computation runs the scorer in its own process behind the sandbox, never imports
+it, and so computes the cells honestly: the numbers it gives are not the forged ones (the claim differs),
+and a scorer that hangs under re-computation is stopped at the time limit with the place named, its run
+failed."""
 
 from __future__ import annotations
 
@@ -122,23 +123,22 @@ def submit(root: Path, name: str, source: str) -> Path:
 
 
 def verified(root: Path, bundle: Path, *extra: str) -> dict[str, dict]:
-    done = cli(
-        "verify",
-        str(bundle),
-        "--sample",
-        "2",
-        "--json",
-        "verify.json",
-        "--quiet",
-        *extra,
-        cwd=root,
-        check=False,
-    )
+    done = cli("verify", str(bundle), "--json", "verify.json", "--quiet", *extra, cwd=root, check=False)
     outcomes = {o["run_id"]: o for o in json.loads((root / "verify.json").read_text())["outcomes"]}
     found = {o["outcome"] for o in outcomes.values()}
-    # a script that checks the exit status alone learns that a run failed (1) or was not verified (3)
-    assert done.returncode == (1 if "failed" in found else 3 if "not verified" in found else 0), done.stderr
+    # a script that checks the exit status alone learns that a run failed (1) or waits for --data (3)
+    assert done.returncode == (1 if "failed" in found else 3 if "waiting" in found else 0), done.stderr
     return outcomes
+
+
+def recomputed(root: Path, outcome: dict, column: str) -> list[float]:
+    """A column of a run as the re-computation wrote it (verify's --work folder)."""
+    shards = root / "work" / "shards" / outcome["computed_run"]
+    with duckdb.connect() as con:
+        rows = con.execute(
+            f"SELECT {column} FROM read_parquet(?) ORDER BY problem_id, sample", [str(shards / "*.parquet")]
+        )
+        return [r[0] for r in rows.fetchall()]
 
 
 def submitted(root: Path, run_id: str, column: str) -> list[float]:
@@ -149,40 +149,42 @@ def submitted(root: Path, run_id: str, column: str) -> list[float]:
         return [r[0] for r in rows.fetchall()]
 
 
-def test_faked_scores_fail_verification(tmp_path: Path) -> None:
+def test_faked_scores_are_not_what_the_recomputation_gives(tmp_path: Path) -> None:
     bundle = submit(tmp_path, "fake_scores", FAKE_SCORES)
     attacker, null = run_of(bundle, "passkey", "fake-scores"), run_of(bundle, "passkey", "random")
     assert set(submitted(tmp_path, attacker, "metric")) == {1.0}  # the attack worked where it was run
-    outcomes = verified(tmp_path, bundle)
-    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
-    assert outcomes[null]["outcome"] == "verified", outcomes[null]
+    outcomes = verified(tmp_path, bundle, "--work", "work")
+    assert (outcomes[attacker]["outcome"], outcomes[attacker]["claim"]) == ("re-computed", "differs")
+    assert set(recomputed(tmp_path, outcomes[attacker], "metric")) != {1.0}  # the honest scores
+    assert (outcomes[null]["outcome"], outcomes[null]["claim"]) == ("re-computed", "matches")
 
 
-def test_a_sabotaged_null_fails_verification(tmp_path: Path) -> None:
+def test_a_sabotaged_null_is_recomputed_honestly(tmp_path: Path) -> None:
     bundle = submit(tmp_path, "weak_null", WEAK_NULL)
     null, attacker = run_of(bundle, "passkey", "random"), run_of(bundle, "passkey", "weak-null")
     outcomes = verified(tmp_path, bundle)
-    assert outcomes[null]["outcome"] == "failed", outcomes[null]
-    assert outcomes[attacker]["outcome"] == "verified", outcomes[attacker]
+    assert (outcomes[null]["outcome"], outcomes[null]["claim"]) == ("re-computed", "differs")
+    assert (outcomes[attacker]["outcome"], outcomes[attacker]["claim"]) == ("re-computed", "matches")
 
 
-def test_a_scorer_reading_the_callers_frames_fails_verification(tmp_path: Path) -> None:
+def test_a_scorer_reading_the_callers_frames_finds_nothing_in_the_recomputation(tmp_path: Path) -> None:
     bundle = submit(tmp_path, "frame_walker", FRAME_WALKER)
     attacker, null = run_of(bundle, "passkey", "frame-walker"), run_of(bundle, "passkey", "random")
     kept = submitted(tmp_path, attacker, "needle_survival")
     assert min(kept) == 1.0 > max(submitted(tmp_path, null, "needle_survival"))  # it found the needle
-    outcomes = verified(tmp_path, bundle)
-    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
-    assert outcomes[null]["outcome"] == "verified", outcomes[null]
+    outcomes = verified(tmp_path, bundle, "--work", "work")
+    assert (outcomes[attacker]["outcome"], outcomes[attacker]["claim"]) == ("re-computed", "differs")
+    assert min(recomputed(tmp_path, outcomes[attacker], "needle_survival")) < 1.0
+    assert (outcomes[null]["outcome"], outcomes[null]["claim"]) == ("re-computed", "matches")
 
 
-def test_a_scorer_that_hangs_under_verification_is_stopped_and_named(tmp_path: Path) -> None:
+def test_a_scorer_that_hangs_under_recomputation_is_stopped_named_and_failed(tmp_path: Path) -> None:
     bundle = submit(tmp_path, "hangs", HANGS_WHEN_CHECKED)
     attacker, null = run_of(bundle, "passkey", "hangs-when-checked"), run_of(bundle, "passkey", "random")
     outcomes = verified(tmp_path, bundle, "--scorer-seconds", "3")
-    assert outcomes[attacker]["outcome"] == "not verified", outcomes[attacker]
+    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
     assert (
         "policy 'hangs-when-checked' at layer 0, eviction event 0: no answer within 3 s"
         in outcomes[attacker]["detail"]
     )
-    assert outcomes[null]["outcome"] == "verified", outcomes[null]  # the null's verdict does not wait on it
+    assert outcomes[null]["outcome"] == "re-computed", outcomes[null]  # the null does not wait on it
