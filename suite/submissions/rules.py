@@ -171,10 +171,8 @@ def _text(folder: Path, checked: Checked) -> None:
                 if problem and failures < _TEXT_FAILURES:
                     failures += 1
                     # the problem id, short, where it is not itself what is wrong
-                    where = "a problem id" if name == "problem_id" else f"problem {problem_id[:64]!r}"
-                    checked.fail(
-                        f"runs/{run.run_id}", "text", f"{name} of {where}, sample {sample}, {problem}"
-                    )
+                    where = name if name == "problem_id" else f"{name} of problem {problem_id[:64]!r}"
+                    checked.fail(f"runs/{run.run_id}", "text", f"{where} (sample {sample}) {problem}")
 
 
 def _digests(folder: Path, checked: Checked) -> None:
