@@ -13,10 +13,14 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb
 import pytest
+from streamlit.testing.v1 import AppTest
 from submitting import KVBENCH, cells, cli
 from tampering import edit_cell, edit_manifest, edit_samples, forged, reidentified
 
+import kvbench.leaderboard
+from kvbench.leaderboard.app import DATABASE_ENV
 from kvbench.submissions.text import (
     DESCRIPTION_CHARS,
     OUTPUT_CHARS,
@@ -33,6 +37,8 @@ the rest of the line reversed; kvbench prints it as its escape."""
 MODEL = f"tiny[/]{RIGHT_TO_LEFT}qwen3"
 """A model name the text rule accepts that Rich would read as markup (a closing tag with nothing open)."""
 MODEL_SHOWN = r"tiny[/]\u202eqwen3"
+BLANK_LINE_MODEL = "tiny-qwen3\n\n# heading **bold** [link](http://example.com)\n\n"
+APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
 
 
 def _bundle_json(change: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -203,3 +209,30 @@ def test_verify_on_a_terminal_re_runs_a_model_whose_name_reads_as_markup(
     assert done.returncode == 0 and "MarkupError" not in shown, shown
     assert RIGHT_TO_LEFT not in shown, shown
     assert "\x1b]0;" not in shown and "\x1b[2J" not in shown  # only Rich's own styles and cursor moves
+
+
+def test_a_model_name_with_a_blank_line_stays_inside_the_pages_code_span(
+    submission: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board accepted before the text rule held such a name (and `accept --rebuild` keeps it): the
+    Efficiency view names the model in a code span of a command to run, which a blank line would close,
+    the rest of the name then read as Markdown (a heading, emphasis, a link)."""
+    cli(
+        "accept",
+        str(submission / "bundle.kvbench.tar.gz"),
+        "--db",
+        str(tmp_path / "board.duckdb"),
+        cwd=tmp_path,
+    )
+    snapshot = tmp_path / "board.snapshot.duckdb"
+    with duckdb.connect(str(snapshot)) as con:
+        con.execute("UPDATE runs SET model = ?", [BLANK_LINE_MODEL])
+    monkeypatch.setenv(DATABASE_ENV, str(snapshot))
+    app = AppTest.from_file(APP, default_timeout=120)
+    app.run()
+    assert not app.exception, app.exception
+    (efficiency,) = [t for t in app.tabs if t.label == "Efficiency"]
+    hint = next(i.value for i in efficiency.info if "No decode benchmarks" in i.value)
+    assert "\n" not in hint, hint  # one paragraph: the span closes where it was opened
+    command = " ".join(f"kvbench bench decode --model {BLANK_LINE_MODEL} --out runs".splitlines())
+    assert f"` {command} `" in hint, hint
