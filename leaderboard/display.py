@@ -45,9 +45,13 @@ def chart_text(text: object) -> str:
 
 
 def code(text: str) -> str:
-    """``text`` as a Markdown code span (shown as it is), fenced by more backticks than it holds in a row."""
-    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
-    return f"{fence} {text} {fence}"
+    """``text`` as a Markdown code span (shown as it is), fenced by more backticks than it holds in a row.
+    A code span ends at a blank line (where its paragraph ends), so line breaks become spaces, as
+    Markdown shows them inside a span anyway: a model name from a bundle with "\\n\\n" in it would
+    otherwise close the span and have the rest read as Markdown."""
+    flat = " ".join(str(text).splitlines())
+    fence = "`" * (max(map(len, re.findall("`+", flat)), default=0) + 1)
+    return f"{fence} {flat} {fence}"
 
 
 def parameters_text(params: str | Mapping[str, Any] | None) -> str:

@@ -25,6 +25,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from kvbench.commands.common import printable
 from kvbench.errors import KvbenchError, SpecError
 from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
@@ -121,7 +122,10 @@ class _Run:
         self.timings.model_load += prepared.load_seconds
         ready = [c for c in cells if c.pending is None]
         plan = self._plan(ready, prepared)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        # the description names a model, a task and a label, which a bundle's spec chooses (`kvbench
+        # verify`): never read as Rich markup, and printable() where it is set
+        description = TextColumn("{task.description}", markup=False)
+        columns = (description, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         # piped to a file, a live bar shows nothing for the whole run: one line per finished unit instead
         self.lines = self.progress and not Console().is_terminal
         shown_at_all = self.progress and not self.lines
@@ -131,7 +135,7 @@ class _Run:
             self.eta = Eta([_kind(Unit(c, p)) for c, problems in chosen for p in problems])
             self.computing = 0.0
             total = sum(len(problems) for _, problems in chosen)
-            shown = (bar, bar.add_task(cells[0].model.name, total=total, finish=None))
+            shown = (bar, bar.add_task(printable(cells[0].model.name), total=total, finish=None))
             failures = self._units(ready, prepared, plan, *shown)
             as_ran = settle_all(cells, self.out, prepared.problems)
             settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
@@ -187,7 +191,7 @@ class _Run:
         }
         units.sort(key=lambda unit: order[unit.cell.task.name, unit.problem_id])
         began, computing = time.perf_counter(), self.computing
-        for result in self.executor.run(units, lambda text: bar.update(task, description=text)):
+        for result in self.executor.run(units, lambda text: bar.update(task, description=printable(text))):
             cell, problem_id = result.unit.cell, result.unit.problem_id
             self.computing = computing + time.perf_counter() - began
             if result.error is None:
@@ -247,9 +251,11 @@ def _clock(seconds: float | None) -> str:
 
 
 def _unit_line(progress: Task, unit: str, seconds: float, left: float | None) -> str:
-    """``[done/total] unit: its seconds; elapsed, ETA`` for a log: what a bar shows on a terminal."""
+    """``[done/total] unit: its seconds; elapsed, ETA`` for a log: what a bar shows on a terminal. The
+    unit's name (a label, a problem id) is printable(): a bundle's spec chooses it."""
     done, total = int(progress.completed), int(progress.total or 0)
-    return f"[{done}/{total}] {unit}: {seconds:.1f} s; elapsed {_clock(progress.elapsed)}, ETA {_clock(left)}"
+    name = printable(unit)
+    return f"[{done}/{total}] {name}: {seconds:.1f} s; elapsed {_clock(progress.elapsed)}, ETA {_clock(left)}"
 
 
 def _kind(unit: Unit) -> UnitKind:

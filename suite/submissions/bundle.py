@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import re
 import shutil
 import tarfile
@@ -31,6 +32,7 @@ import pydantic
 
 from kvbench.specs.resolved import Role
 from kvbench.store.atomic import atomic_write
+from kvbench.submissions.text import bundle_field, json_problems
 
 FORMAT = "kvbench-bundle"
 FORMAT_VERSION = 1
@@ -214,10 +216,14 @@ def _listed(
         return [Failure(MANIFEST, "bundle-manifest", "missing: a bundle lists its members in bundle.json")]
     source = archive.extractfile(by_name[MANIFEST])
     assert source is not None  # a plain file, checked above
+    with source:
+        raw = source.read()
     try:
-        with source:
-            listing = BundleManifest.model_validate_json(source.read()).members
+        listing = BundleManifest.model_validate_json(raw).members
     except pydantic.ValidationError as exc:
+        malformed = _malformed_text(raw)
+        if malformed:
+            return malformed
         why = str(exc).splitlines()[0]
         return [Failure(MANIFEST, "bundle-manifest", f"not a bundle manifest ({why}); nothing was extracted")]
     failures = [
@@ -233,6 +239,19 @@ def _listed(
             Failure(path.name, "member-size", f"{total:,} bytes to extract, {free:,} free under {existing}")
         )
     return failures
+
+
+def _malformed_text(raw: bytes) -> list[Failure]:
+    """The text rule's failures in a bundle.json that pydantic refused: its JSON parser refuses a lone
+    surrogate (``"\\ud800"``) as invalid JSON without naming the field, Python's names it."""
+    try:
+        listing = json.loads(raw)
+    except ValueError:
+        return []
+    found = list(json_problems(listing, bundle_field))[:20]
+    return [
+        Failure(MANIFEST, "text", f"{where} {problem}; nothing was extracted") for where, problem in found
+    ]
 
 
 def write_bundle(path: Path, members: dict[str, Path]) -> None:

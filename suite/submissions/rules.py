@@ -19,6 +19,10 @@ policy-name     every policy name a run carries (its spec's, its documentation's
 baselines       each policy run has its null and full-cache runs in the bundle, on the same problems
                 and seeds
 readable        anything else that keeps a run from being judged (a file of an unexpected shape)
+runs            the bundle lists at least one run
+text            every string (the submitter, the description, labels, names, parameters, problem ids,
+                outputs) is UTF-8 text of its field's class and within its length bound
+                (kvbench.submissions.text): no lone surrogate, no control character in a one-line field
 
 The members a run refers to (suite, protocol, scorer) are derived from the run, never taken as paths.
 """
@@ -59,6 +63,13 @@ from kvbench.submissions.bundle import (
 )
 from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
 from kvbench.submissions.presses import is_press
+from kvbench.submissions.text import (
+    SAMPLE_FIELDS,
+    bundle_field,
+    json_problems,
+    manifest_field,
+    text_problem,
+)
 
 
 @dataclass
@@ -85,6 +96,7 @@ def check_bundle(folder: Path) -> Checked:
         return checked
     checked = Checked(manifest)
     _digests(folder, checked)
+    _some_runs(checked)
     if (manifest.format, manifest.format_version) != (FORMAT, FORMAT_VERSION):
         checked.fail(
             MANIFEST,
@@ -116,10 +128,51 @@ def check_bundle(folder: Path) -> Checked:
     checked.samples = con
     for path, why in bad:
         checked.fail(str(path.relative_to(folder)), "sample-counts", why)
+    _text(folder, checked)
     # a run whose spec does not even have the shape of one is judged no further
     checked.runs = [run for run in checked.runs if _run_rules(folder, run, cells[run.run_id], checked)]
     _baselines(checked)
     return checked
+
+
+def _some_runs(checked: Checked) -> None:
+    assert checked.manifest is not None
+    if not checked.manifest.cells:
+        checked.fail(MANIFEST, "runs", "lists no runs: export at least one run (`kvbench export --run ...`)")
+
+
+_TEXT_FAILURES = 20
+"""The most malformed strings named per member: a forged shard may hold thousands."""
+
+
+def _text(folder: Path, checked: Checked) -> None:
+    """The text rule over bundle.json, every run's manifest (read again as plain JSON: a string's class
+    follows where it is) and every sample's string columns."""
+    files = [(MANIFEST, bundle_field)]
+    files += [(f"runs/{run.run_id}/manifest.json", manifest_field) for run in checked.runs]
+    for member, classify in files:
+        try:
+            found = json_problems(json.loads((folder / member).read_bytes()), classify)
+        except (OSError, ValueError):
+            continue  # the bundle-manifest rule names a file that does not read
+        for where, problem in list(found)[:_TEXT_FAILURES]:
+            checked.fail(member, "text", f"{where} {problem}")
+    assert checked.samples is not None
+    columns = ", ".join(SAMPLE_FIELDS)
+    for run in checked.runs:
+        failures = 0
+        rows = checked.samples.execute(
+            f"SELECT problem_id, sample, {columns} FROM samples WHERE run_id = ?", [run.run_id]
+        )
+        while failures < _TEXT_FAILURES and (row := rows.fetchone()) is not None:
+            problem_id, sample, *values = row
+            for (name, kind), value in zip(SAMPLE_FIELDS.items(), values, strict=True):
+                problem = text_problem(value, kind) if isinstance(value, str) else None
+                if problem and failures < _TEXT_FAILURES:
+                    failures += 1
+                    # the problem id, short, where it is not itself what is wrong
+                    where = name if name == "problem_id" else f"{name} of problem {problem_id[:64]!r}"
+                    checked.fail(f"runs/{run.run_id}", "text", f"{where} (sample {sample}) {problem}")
 
 
 def _digests(folder: Path, checked: Checked) -> None:
