@@ -91,6 +91,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a submitted scorer (always isolated): its time limit per call (each event, and loading its "
         "file) and the CPU seconds its processes may use per call (default: 60)",
     )
+    verify.add_argument(
+        "--scorer-run-seconds",
+        type=float,
+        default=3600.0,
+        help="a submitted scorer: the time all of one run's calls may take together, its loading included "
+        "(default: 3600)",
+    )
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=verify_command)
 
@@ -227,6 +234,7 @@ def verify_command(args: argparse.Namespace) -> int:
             attention=args.attention,
             data=data,
             scorer_seconds=args.scorer_seconds,
+            scorer_run_seconds=args.scorer_run_seconds,
             progress=not args.quiet,
         )
     title = f"verify {sha256[:16]}, {args.sample} problem(s) per family drawn with seed {seed}"

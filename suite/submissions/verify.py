@@ -197,6 +197,7 @@ def verify(
     attention: str | None = None,
     data: Mapping[str, Path] | None = None,
     scorer_seconds: float = 60.0,
+    scorer_run_seconds: float = IsolationLimits.seconds_per_run,
     progress: bool = False,
 ) -> list[Outcome]:
     """Re-run ``count`` problems per task of every run in a checked bundle and judge each run."""
@@ -219,7 +220,13 @@ def verify(
             continue
         try:
             runtime = Runtime(adapter=asked.adapter, device=where, attention=attention or asked.attention)
-            cell = rebuild(run, folder, runtime, data or {}, IsolationLimits(seconds_per_call=scorer_seconds))
+            cell = rebuild(
+                run,
+                folder,
+                runtime,
+                data or {},
+                IsolationLimits(seconds_per_call=scorer_seconds, seconds_per_run=scorer_run_seconds),
+            )
         except Exception as exc:  # a spec or scorer this machine cannot rebuild: say why, per run
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(Outcome(run.run_id, label, "not verified", "", 0, why, machine))
