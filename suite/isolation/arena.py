@@ -7,13 +7,15 @@ names the file, each tensor's dtype, shape and offset in the request's header; t
 reads them in place.
 
 No one but the two reads a request's tensors: the folder and its files are the parent's, readable by the
-scorer's group only (mode 0750 and 0640) when the scorer runs as a user of its own, else by the parent's
-user only (0700 and 0600), which is then the scorer's too. The child cannot change what the parent reads:
+scorer's group only (mode 0751 and 0640) when the scorer runs as a user of its own, else by the parent's
+user only (0711 and 0600), which is then the scorer's too; other users may pass through the folder (bwrap
+binds it as the scorer's user) but neither list nor read it. The child cannot change what the parent reads:
 the arena's folder is bound read-only inside the sandbox, and the child maps its files privately (a
 write of its own makes its own copy of the page). It cannot shrink a file under the parent's mapping
 either. Replies still come back through the pipe, where the parent checks every shape, dtype and length
-before using them (no pickle on either side). A header naming another file, or a layout that kvbench.isolation.wire refuses (a dtype
-outside its DTYPES, a tensor past the file's end), is a WireError on the child's side.
+before using them (no pickle on either side). A header naming another file, or a layout that
+kvbench.isolation.wire refuses (a dtype outside its DTYPES, a tensor past the file's end), is a WireError
+on the child's side.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class Arena:
     """The parent's side: a folder of arena files, the newest mapped for writing."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="kvbench-arena-", dir=_memory_folder()))  # mode 0700
+        self.folder = Path(tempfile.mkdtemp(prefix="kvbench-arena-", dir=_memory_folder()))
+        self.folder.chmod(0o711)  # the sandbox's user reaches it (bwrap binds it as that user), lists nothing
         self.group: int | None = None
         self.files = 0
         self.name = ""
@@ -58,7 +61,7 @@ class Arena:
         self.group = group
         if group is not None:
             os.chown(self.folder, -1, group)
-            self.folder.chmod(0o750)
+            self.folder.chmod(0o751)
 
     def place(
         self, tensors: dict[str, Tensor], later: frozenset[str] = frozenset()
