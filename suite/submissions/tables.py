@@ -5,7 +5,9 @@ A Parquet file's footer is the submitter's word, and a small file can decode to 
 (a long string stored once in a dictionary and referenced from every row). So the footer's own size, its
 row counts and its uncompressed sizes are checked first, and the rows are then decoded a batch at a time,
 counting the bytes and rows really decoded, so that a footer that lies is caught one batch past its
-bound, not after the whole table.
+bound, not after the whole table. Text columns are read as dictionaries (each distinct string once) and
+their dense size computed from the lengths, so a string repeated on every row is counted, not built:
+decoded dense, Arrow builds a whole row group at once, whatever the batch size.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvbench.store.shards import shard_rows
@@ -46,23 +49,46 @@ def read_bounded_shard(path: Path, budget: int) -> pa.Table | OverBound | str:
     within their bounds and ``budget`` (the bytes the bundle's shards may still decode to); OverBound
     naming the bound crossed, or why the shard cannot be used."""
     try:
-        shard = pq.ParquetFile(path, **_THRIFT_LIMITS)
-        claimed = _footer_over(shard.metadata)
+        metadata = pq.ParquetFile(path, **_THRIFT_LIMITS).metadata
+        claimed = _footer_over(metadata)
         if claimed is not None:
             return claimed
+        texts = [f.name for f in metadata.schema.to_arrow_schema() if pa.types.is_string(f.type)]
+        shard = pq.ParquetFile(path, read_dictionary=texts, **_THRIFT_LIMITS)
         cap = min(MAX_SHARD_DECODED_BYTES, budget)
         batches, rows, decoded = [], 0, 0
         for batch in shard.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
-            rows, decoded = rows + batch.num_rows, decoded + batch.nbytes
+            rows, decoded = rows + batch.num_rows, decoded + _dense_bytes(batch)
             if rows > MAX_SHARD_ROWS:
                 return _rows_over(f"at least {rows:,}")
             if decoded > cap:
                 return _bytes_over(f"at least {decoded:,}", cap)
             batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=shard.schema_arrow)
+        table = _dense(pa.Table.from_batches(batches, schema=shard.schema_arrow))
     except (OSError, pa.ArrowException) as exc:
         return f"does not read back as Parquet ({exc})"
     return shard_rows(table)
+
+
+def _dense_bytes(batch: pa.RecordBatch) -> int:
+    """The bytes ``batch`` takes once its dictionary columns are decoded: each row's string length and
+    offset, computed without building them."""
+    size = 0
+    for values in batch.columns:
+        if pa.types.is_dictionary(values.type):
+            lengths = pc.take(pc.binary_length(values.dictionary), values.indices)
+            size += (pc.sum(lengths).as_py() or 0) + 4 * len(values)
+        else:
+            size += values.nbytes
+    return size
+
+
+def _dense(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns decoded, once their size is known to be within bounds."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
 
 
 def _footer_over(metadata: pq.FileMetaData) -> OverBound | None:
