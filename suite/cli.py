@@ -20,8 +20,9 @@ from kvbench.commands import (
     run,
     submissions,
 )
-from kvbench.commands.common import printable, text_console
+from kvbench.commands.common import text_console
 from kvbench.errors import KvbenchError
+from kvbench.printable import printable
 
 # messages are printed as they are: a path or a name with "[/]" or ":smile:" in it stays that text
 errors = text_console(stderr=True, highlight=False)

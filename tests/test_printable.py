@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.commands.common import printable, text_console
+from kvbench.commands.common import text_console
+from kvbench.printable import printable
 
 KVBENCH = str(Path(sys.executable).parent / "kvbench")
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J"

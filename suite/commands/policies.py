@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvbench.commands.common import printable
+from kvbench.printable import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -111,6 +111,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a submitted scorer (always isolated): its time limit per call (each event, and loading its "
         "file) and the CPU seconds its processes may use per call (default: 60)",
     )
+    verify.add_argument(
+        "--scorer-run-seconds",
+        type=float,
+        default=3600.0,
+        help="a submitted scorer: the time all of one run's calls may take together, its loading included "
+        "(default: 3600)",
+    )
     add_executor_arguments(verify)
     add_memory_arguments(verify)
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -255,7 +262,9 @@ def verify_command(args: argparse.Namespace) -> int:
             device=args.device,
             attention=args.attention,
             data=data,
-            limits=IsolationLimits(seconds_per_call=args.scorer_seconds),
+            limits=IsolationLimits(
+                seconds_per_call=args.scorer_seconds, seconds_per_run=args.scorer_run_seconds
+            ),
             executor=lambda: executor_from(args, work),
             memory=memory_limits(args),
             show_plan=print_plan,

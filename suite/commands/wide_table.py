@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
-from kvbench.commands.common import printable
+from kvbench.printable import printable
 from kvbench.results.compare import HEADER, arm_name, display_cells
 
 NATURAL = 10**6

@@ -6,12 +6,16 @@ they are copied once: the parent writes them into a file of a tmpfs (/dev/shm wh
 names the file, each tensor's dtype, shape and offset in the request's header; the child maps the file and
 reads them in place.
 
-The child cannot change what the parent reads: the arena's folder is bound read-only inside the sandbox,
-its files are the parent's (mode 0644), and the child maps them privately (a write of its own makes its
-own copy of the page). It cannot shrink a file under the parent's mapping either. Replies still come back
-through the pipe, where the parent checks every shape, dtype and length before using them (no pickle on
-either side). A header naming another file, or a layout that kvbench.isolation.wire refuses (a dtype
-outside its DTYPES, a tensor past the file's end), is a WireError on the child's side.
+No one but the two reads a request's tensors: the folder and its files are the parent's, readable by the
+scorer's group only (mode 0751 and 0640) when the scorer runs as a user of its own, else by the parent's
+user only (0711 and 0600), which is then the scorer's too; other users may pass through the folder (bwrap
+binds it as the scorer's user) but neither list nor read it. The child cannot change what the parent reads:
+the arena's folder is bound read-only inside the sandbox, and the child maps its files privately (a
+write of its own makes its own copy of the page). It cannot shrink a file under the parent's mapping
+either. Replies still come back through the pipe, where the parent checks every shape, dtype and length
+before using them (no pickle on either side). A header naming another file, or a layout that
+kvbench.isolation.wire refuses (a dtype outside its DTYPES, a tensor past the file's end), is a WireError
+on the child's side.
 """
 
 from __future__ import annotations
@@ -44,11 +48,20 @@ class Arena:
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="kvbench-arena-", dir=_memory_folder()))
-        self.folder.chmod(0o755)  # the sandbox's user reads it
+        self.folder.chmod(0o711)  # the sandbox's user reaches it (bwrap binds it as that user), lists nothing
+        self.group: int | None = None
         self.files = 0
         self.name = ""
         self.view: mmap.mmap | None = None
         self.pending: dict[str, tuple[Tensor, int]] = {}
+
+    def share_with(self, group: int | None) -> None:
+        """Let the scorer's group (a user of its own, kvbench.graders.sandbox.as_fresh_user) read the
+        arena, and no one else; None: the scorer runs as this process's user, which reads it already."""
+        self.group = group
+        if group is not None:
+            os.chown(self.folder, -1, group)
+            self.folder.chmod(0o751)
 
     def place(
         self, tensors: dict[str, Tensor], later: frozenset[str] = frozenset()
@@ -91,8 +104,11 @@ class Arena:
         self.files += 1
         self.name = f"{self.files}.arena"
         path = self.folder / self.name
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            if self.group is not None:  # before a byte is written: readable by the scorer's group only
+                os.fchown(descriptor, -1, self.group)
+                os.fchmod(descriptor, 0o640)
             # the pages are taken now, or ENOSPC is raised here: a full tmpfs would otherwise answer a
             # write into the mapping with SIGBUS, which would end kvbench's own process
             os.posix_fallocate(descriptor, 0, size)

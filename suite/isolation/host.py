@@ -58,6 +58,10 @@ class IsolationLimits(BoundaryLimits):
     seconds_per_call: float = 60.0
     """The time limit of each call into the scorer's code: loading its file and making the policy, then
     each event (a score or an observed step). ``--scorer-seconds``."""
+    seconds_per_run: float = 3600.0
+    """The time all of one run's calls into the scorer may take together (its load included): an hour,
+    about what kvbench's own policies' runs of a verified cell take many times over, so that calls each
+    just under ``seconds_per_call`` cannot hold the operator's machine for days. ``--scorer-run-seconds``."""
     start_seconds: float = 180.0
     """Starting the process before any of the scorer's code runs: Python, torch and kvbench's own
     modules, which take the same time whatever the scorer is (the scorer's import is a call)."""
@@ -70,6 +74,8 @@ class IsolationLimits(BoundaryLimits):
     file_bytes: int = 64 << 20
     processes: int = 32
     reply_bytes: int = 1 << 32
+    """The largest reply payload at all; each reply is held to less, what its request can return
+    (kvbench.isolation.messages.reply_room), before a byte of it is allocated."""
     log_bytes: int = 64 << 10
     """The last bytes of the scorer's stderr kept, for the message when it fails."""
 
@@ -87,6 +93,15 @@ class IsolationLimits(BoundaryLimits):
             errno.ENOSPC: f"/tmp, the one writable place, holds {self.scratch_bytes} bytes",
             errno.EROFS: f"only /tmp ({self.scratch_bytes} bytes) is writable",
         }.get(code or -1, "")
+
+
+def _group_of(line: list[str], user: dict[str, Any]) -> int | None:
+    """The group the scorer runs as when it is a user of its own (as_fresh_user gives it to Popen, or to
+    setpriv when bwrap must start as root); None when it runs as this process's user."""
+    if "group" in user:
+        return int(user["group"])
+    regid = next((arg for arg in line if arg.startswith("--regid=")), None)
+    return int(regid.removeprefix("--regid=")) if regid else None
 
 
 def _command(
@@ -121,6 +136,7 @@ class ScorerProcess:
             bwrap = str(sandbox.bwrap)
             command = _command(bwrap, self.folder, self.arena.folder, class_name, limits, seccomp)
             line, user = as_fresh_user(command)
+            self.arena.share_with(_group_of(line, user))
             self.process = launch(line, rlimits(limits.caps()), pass_fds=(seccomp,), **user)
         finally:
             os.close(seccomp)
@@ -141,8 +157,11 @@ class ScorerProcess:
         """Wait for the child's first frame, sent once Python, torch and kvbench's modules are loaded and
         before any of the scorer's code runs; ScorerError past ``start_seconds``."""
         seconds = self.limits.start_seconds
-        self._exchange(None, where, seconds, f"did not start within {seconds:g} s (Python, torch and "
-                       "kvbench's modules, before the scorer's file is read)")  # fmt: skip
+        late = (
+            f"did not start within {seconds:g} s (Python, torch and kvbench's modules, before the scorer's "
+            "file is read)"
+        )
+        self._exchange(None, where, seconds, messages.REPLY_SLACK_BYTES, late)
 
     def call(
         self,
@@ -152,26 +171,31 @@ class ScorerProcess:
         seconds: float,
         per: str = "event",
         later: frozenset[str] = frozenset(),
+        room: int = messages.REPLY_SLACK_BYTES,
     ) -> wire.Frame:
-        """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late.
-        The tensors named in ``later`` cross only if the scorer reads them (it asks, within the call)."""
+        """The reply to one request; ScorerError naming ``where`` when the scorer fails, dies or is late,
+        or its reply announces more than ``room`` bytes (what the request can return, reply_room). The
+        tensors named in ``later`` cross only if the scorer reads them (it asks, within the call)."""
         late = f"no answer within {seconds:g} s, the time limit per {per}"
         layout, tensors = self.arena.place(tensors, later)
         if layout:
             header = {**header, "arena": {**layout, "folder": ARENA_INSIDE}}
-        return self._exchange(wire.encode(header, tensors), where, seconds, late)
+        return self._exchange(wire.encode(header, tensors), where, seconds, room, late)
 
-    def _exchange(self, request: bytes | None, where: str, seconds: float, late: str) -> wire.Frame:
+    def _exchange(
+        self, request: bytes | None, where: str, seconds: float, room: int, late: str
+    ) -> wire.Frame:
         if self.process.poll() is not None:
             raise ScorerError(f"{where}: the scorer's process is no longer running ({self._exit()})")
         self.pipes.deadline = time.monotonic() + seconds
         try:
             if request is not None:
                 self.pipes.write(request)
-            header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
+            room = min(room, self.limits.reply_bytes)
+            header, tensors = wire.read(self.pipes, room)
             while header.get("op") == "fetch":  # the scorer reads a tensor held back: it crosses now
                 self.pipes.write(wire.encode({"arena": self._delivered(header), "ok": True}, {}))
-                header, tensors = wire.read(self.pipes, self.limits.reply_bytes)
+                header, tensors = wire.read(self.pipes, room)
         except TimeoutError:
             self.close()
             raise ScorerError(
@@ -266,6 +290,7 @@ class IsolatedPolicy(Policy):
         self.class_name, self.limits = class_name, limits
         self.file_name, self.path = Path(path).name, str(path)
         self.process: ScorerProcess | None = None
+        self.spent = 0.0  # seconds of this run's calls so far, against seconds_per_run
         hello = self._start(params)
         name = hello.get("name")
         if not isinstance(name, str) or not name:
@@ -301,6 +326,7 @@ class IsolatedPolicy(Policy):
         label = f"{self.file_name}:{self.class_name}"
         self.served = False
         self.read: set[str] | None = None  # the view's tensors it has read; None: not known yet
+        started = time.monotonic()
         try:
             self.process = _shared(self.source, self.class_name, label, self.limits)
             self.process.users += 1
@@ -313,6 +339,8 @@ class IsolatedPolicy(Policy):
             )
         except ScorerError as exc:  # it does not load: a problem of the file, named by its path here
             raise SpecError(str(exc).replace(f"{INSIDE}/scorer.py", self.path)) from None
+        finally:
+            self.spent += time.monotonic() - started
         self.instance = int(hello.get("instance", 0))
         return hello
 
@@ -326,12 +354,26 @@ class IsolatedPolicy(Policy):
         self.served = True
         return self.process
 
-    def _call(self, request: wire.Frame, where: str, later: frozenset[str] = frozenset()) -> wire.Frame:
+    def _call(
+        self, request: wire.Frame, where: str, room: int, later: frozenset[str] = frozenset()
+    ) -> wire.Frame:
+        """One call, within the time limit per call and what is left of the run's (``seconds_per_run``),
+        whichever ends first, named in the message when it is exceeded."""
         header, tensors = request
-        seconds = self.limits.seconds_per_call
-        return self._running().call(
-            {**header, "instance": self.instance}, tensors, where, seconds, later=later
-        )
+        run = self.limits.seconds_per_run
+        left, seconds, per = run - self.spent, self.limits.seconds_per_call, "event"
+        per_run = f"run ({run:g} s for all of one run's calls, --scorer-run-seconds)"
+        if left <= 0:
+            raise ScorerError(f"{where}: no time left of the time limit per {per_run}")
+        if left < seconds:
+            seconds, per = left, per_run
+        started = time.monotonic()
+        try:
+            return self._running().call(
+                {**header, "instance": self.instance}, tensors, where, seconds, per, later, room
+            )
+        finally:
+            self.spent += time.monotonic() - started
 
     @property
     def query_window(self) -> int:
@@ -344,7 +386,9 @@ class IsolatedPolicy(Policy):
         where = f"policy {self.name!r} at layer {view.layer}, eviction event {view.event}"
         # the view's tensors this scorer has never read cross only if it reads them (a copy less per event)
         unread = frozenset(messages.ON_REQUEST) - self.read if self.read is not None else frozenset()
-        header, tensors = self._call(messages.eviction_request(view), where, unread)
+        request = messages.eviction_request(view)
+        room = messages.reply_room(request[1], tuple(view.keys.shape[:3]))
+        header, tensors = self._call(request, where, room, unread)
         read = header.get("read")
         if isinstance(read, list):
             self.read = (self.read or set()) | (set(map(str, read)) & set(messages.ON_REQUEST))
@@ -356,7 +400,8 @@ class IsolatedPolicy(Policy):
 
     def observe(self, step: StepView) -> None:
         where = f"policy {self.name!r} observing layer {step.layer} at step {step.step}"
-        header, tensors = self._call(messages.step_request(step), where)
+        request = messages.step_request(step)
+        header, tensors = self._call(request, where, messages.reply_room(request[1]))
         with _reading(where):
             _take_state(step.state, header, tensors, step.positions.shape[:2], where)
 

@@ -7,6 +7,7 @@ its own layer state and the seeds of its per-row generators. It returns scores a
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from typing import Any
 
@@ -16,6 +17,10 @@ from torch import Tensor
 from kvbench.core.calibration import QueryStats
 from kvbench.core.contract import EvictionView, LayerState, ModelFacts, StepView
 from kvbench.isolation.wire import Frame as Message
+
+REPLY_SLACK_BYTES = 1 << 20
+"""Room in every reply's payload past what its request accounts for (alignment, small tensors); all a
+reply to a request with no tensors (a hello, a drop) may carry."""
 
 EVENT_SCALARS = ("layer", "event", "step", "prompt_len", "budget", "keep")  # an EvictionView's integers
 
@@ -141,3 +146,14 @@ def state_reply(state: LayerState, scores: Tensor | None = None, read: list[str]
     head, tensors = _state(state)
     head |= {"read": read} if read is not None else {}
     return {"ok": True, **head}, tensors | ({"scores": scores} if scores is not None else {})
+
+
+def reply_room(tensors: dict[str, Tensor], scores: tuple[int, ...] | None = None) -> int:
+    """The most payload bytes a reply to a request carrying ``tensors`` can legitimately hold, known
+    before the reply arrives: scores of shape ``scores`` ([B, Hkv, n]) as float64, the layer state back at
+    up to twice the size it was sent at, a new state tensor as large as the request's largest, and
+    REPLY_SLACK_BYTES. The host allocates no more than this for a reply, whatever its frame announces."""
+    sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
+    state = sum(size for name, size in sizes.items() if name.startswith("state."))
+    score_bytes = 8 * math.prod(scores) if scores is not None else 0
+    return score_bytes + 2 * state + max(sizes.values(), default=0) + REPLY_SLACK_BYTES

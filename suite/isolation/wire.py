@@ -117,7 +117,10 @@ def read(stream: Any, max_payload: int) -> Frame:
         raise WireError("a header that is not [a JSON object, a tensor layout]")
     payload_length = _length(stream)
     if payload_length > max_payload:
-        raise WireError(f"a payload of {payload_length} bytes (at most {max_payload})")
+        raise WireError(
+            f"a payload of {payload_length:,} bytes announced, over the bound of {max_payload:,} bytes "
+            "stated before it was read"
+        )
     # copied into memory torch owns: the reply's tensors outlive the frame (in the layer state), and hold
     # no Python buffer that freeing them would have to release
     data = _exactly(stream, payload_length)

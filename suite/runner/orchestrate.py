@@ -25,8 +25,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from kvbench.commands.common import printable
 from kvbench.errors import KvbenchError, SpecError
+from kvbench.printable import printable
 from kvbench.registry import policy_documentation
 from kvbench.runner.budgets import check_measurable, settle_all
 from kvbench.runner.cell import Cell

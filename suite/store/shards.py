@@ -82,6 +82,12 @@ def read_shard(path: Path) -> pa.Table | str:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         return f"does not read back as Parquet ({exc})"
+    return shard_rows(table)
+
+
+def shard_rows(table: pa.Table) -> pa.Table | str:
+    """A shard's table, read however the caller bounded it, in the current schema; or why it cannot be
+    used."""
     missing = [name for name in _REQUIRED if name not in table.column_names]
     if missing:
         return f"lacks the columns {', '.join(missing)}"

@@ -9,10 +9,12 @@
     scorers/<policy>.py                the source of each policy that is not built into kvbench
 
 A bundle is read only through :func:`open_bundle`, which refuses an unsafe archive before it extracts
-anything: absolute or ``..`` paths, links, devices, oversized or unexpected members, and extended
-headers large enough to stall Python's tar parser (CPython's pax parsing is quadratic before 3.11.10).
-It reads ``bundle.json`` first, from memory, and writes nothing unless that is a bundle manifest listing
-every other member, and the members fit the caps and the disk.
+anything: absolute or ``..`` paths, links, devices, sparse, oversized or unexpected members, and
+extended headers (pax, GNU long names) over MAX_HEADER_BYTES, refused before tarfile reads them (CPython's
+pax parsing is quadratic before 3.11.10, and a long name is read whole into memory). Every bound is
+checked on the sizes tarfile itself decoded, one header at a time, so no second parser can disagree
+with it. It reads ``bundle.json`` first, from memory, and writes nothing unless that is a bundle manifest
+listing every other member, and the members fit the caps and the disk.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ ENVIRONMENT = "environment.json"
 MAX_MEMBER_BYTES = 64 * 2**20
 """The largest member accepted: a shard holds one problem's samples, far below this."""
 MAX_TOTAL_BYTES = 2 * 2**30
+"""The most bytes all members may announce together (what extraction writes to the disk)."""
 MAX_MEMBERS = 100_000
+"""The most members a bundle may hold: a shard per (run, problem), far below this."""
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MEMBER_NAMES = re.compile(
     rf"^(?:{re.escape(MANIFEST)}|{re.escape(ENVIRONMENT)}"
@@ -53,7 +57,6 @@ NAME = re.compile(_NAME)
 """What a suite, protocol or policy name must look like to name a member."""
 MAX_HEADER_BYTES = 4096
 """The largest pax or GNU long-name header accepted: the names in a bundle are short."""
-_BLOCK = 512
 
 
 class Member(pydantic.BaseModel):
@@ -123,7 +126,7 @@ def _member_failure(member: tarfile.TarInfo) -> Failure | None:
         )
     if not member.isfile():
         return Failure(name, "member-type", "not a plain file (a directory, device or fifo)")
-    if member.size > MAX_MEMBER_BYTES:
+    if not 0 <= member.size <= MAX_MEMBER_BYTES:
         return Failure(
             name, "member-size", f"{member.size:,} bytes, over the {MAX_MEMBER_BYTES:,}-byte limit"
         )
@@ -134,38 +137,80 @@ def _member_failure(member: tarfile.TarInfo) -> Failure | None:
     return None
 
 
-def _octal(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # base-256: a size no bundle member has
-        return MAX_TOTAL_BYTES + 1
-    text = field.rstrip(b"\0 ").strip()
-    return int(text, 8) if text else 0
+class _OverBoundError(Exception):
+    """A header over its bound, raised from inside tarfile's own parsing so that nothing it announces is
+    read (not a tarfile.HeaderError: tarfile would turn that into a ReadError, or skip it)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
 
 
-def _prescan(path: Path) -> Failure | None:
-    """Walk the decompressed stream's 512-byte headers before tarfile parses them: refuse a huge
-    extended header, and stop once the members cross the count or size limits (a compression bomb)."""
-    count = total = 0
-    with gzip.open(path, "rb") as stream:
-        while header := stream.read(_BLOCK):
-            if len(header) < _BLOCK or header == bytes(_BLOCK):
-                return None
-            size, kind = _octal(header[124:136]), header[156:157]
-            if kind in (b"x", b"g", b"L", b"K") and size > MAX_HEADER_BYTES:
-                return Failure(path.name, "member-header", f"an extended header of {size:,} bytes")
-            count, total = count + 1, total + size
-            if count > MAX_MEMBERS or total > MAX_TOTAL_BYTES:
-                return Failure(
-                    path.name,
-                    "member-size",
-                    f"over {MAX_MEMBERS:,} members or {MAX_TOTAL_BYTES:,} bytes in all",
+_EXTENDED = {
+    tarfile.XHDTYPE: "pax",
+    tarfile.XGLTYPE: "pax global",
+    tarfile.SOLARIS_XHDTYPE: "Solaris pax",
+    tarfile.GNUTYPE_LONGNAME: "GNU long-name",
+    tarfile.GNUTYPE_LONGLINK: "GNU long-link",
+}
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """tarfile's header parsing, with a bound checked on each header's size as tarfile itself decoded it
+    (octal, base-256 or negative), before tarfile reads what the header announces. Checking tarfile's own
+    reading, not a walk of the headers beside it, leaves no second parser to disagree with the first: a
+    pax ``size`` record, a global header or a base-256 field means the same to the check as to the read.
+    ``_proc_member`` is tarfile's documented hook for subclasses."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        kind = _EXTENDED.get(self.type)
+        if kind is not None and not 0 <= self.size <= MAX_HEADER_BYTES:
+            raise _OverBoundError(
+                Failure(
+                    self.name or "(unnamed)",
+                    "member-header",
+                    f"a {kind} header of {self.size:,} bytes, over the {MAX_HEADER_BYTES:,}-byte bound",
                 )
-            left = -(-size // _BLOCK) * _BLOCK
-            while left > 0:
-                skipped = len(stream.read(min(left, 1 << 20)))
-                if not skipped:
-                    return None  # truncated: tarfile says how
-                left -= skipped
-    return None
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            # its map of holes may run on for as many blocks as the stream has, each one parsed
+            raise _OverBoundError(
+                Failure(self.name, "member-type", "a sparse member; a bundle holds plain files")
+            )
+        return super()._proc_member(archive)  # type: ignore[misc]
+
+    def _refuse_sparse(self, *_: object) -> None:
+        raise _OverBoundError(
+            Failure(self.name, "member-type", "a sparse member; a bundle holds plain files")
+        )
+
+    # the pax forms of a sparse member: version 1.0 reads its map from the member's data, unbounded
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
+
+
+def _walk(path: Path, archive: tarfile.TarFile) -> tuple[list[tarfile.TarInfo], list[Failure]]:
+    """Every member, read one header at a time by tarfile itself; each is checked before the next is
+    read, so that the walk stops at the first member whose size, or the members' count or total, is over
+    its bound (skipping past an oversized member would decompress what it announces)."""
+    members: list[tarfile.TarInfo] = []
+    failures: list[Failure] = []
+    total = 0
+    while (member := archive.next()) is not None:
+        members.append(member)
+        total += max(member.size, 0)
+        failure = _member_failure(member)
+        if failure is not None:
+            failures.append(failure)
+            if failure.rule == "member-size":
+                break
+        if len(members) > MAX_MEMBERS or total > MAX_TOTAL_BYTES:
+            why = (
+                f"over {MAX_MEMBERS:,} members or {MAX_TOTAL_BYTES:,} bytes in all "
+                f"({total:,} bytes by member {len(members):,})"
+            )
+            failures.append(Failure(path.name, "member-size", why))
+            break
+    return members, failures
 
 
 _DAMAGED = (OSError, EOFError, tarfile.TarError, zlib.error)
@@ -175,12 +220,8 @@ def open_bundle(path: Path, into: Path) -> list[Failure]:
     """Check the archive's headers, then every member's, then extract the plain files into ``into``;
     the failures, if any (then nothing is extracted)."""
     try:
-        early = _prescan(path)
-        if early is not None:
-            return [early]
-        with tarfile.open(path, "r:gz") as archive:
-            members = archive.getmembers()
-            failures = [f for f in map(_member_failure, members) if f is not None]
+        with tarfile.open(path, "r:gz", tarinfo=_BoundedInfo) as archive:
+            members, failures = _walk(path, archive)
             counts = Counter(m.name for m in members)
             failures += [
                 Failure(n, "member-duplicate", "appears twice") for n, c in sorted(counts.items()) if c > 1
@@ -197,6 +238,10 @@ def open_bundle(path: Path, into: Path) -> list[Failure]:
                 assert source is not None  # a plain file, checked above
                 with source, open(target, "wb") as handle:
                     shutil.copyfileobj(source, handle)
+    except _OverBoundError as over:
+        return [over.failure]
+    except RecursionError:  # tarfile reads a chain of extended headers by recursion, one frame per header
+        return [Failure(path.name, "member-header", "extended headers chained hundreds deep")]
     except _DAMAGED as exc:
         for leftover in into.iterdir() if into.is_dir() else ():
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()

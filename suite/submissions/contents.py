@@ -14,7 +14,7 @@ from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.store.ingest import insert_rows
 from kvbench.store.manifest import RunManifest
 from kvbench.store.records import SAMPLE_KEY, SampleRecord, table_ddl
-from kvbench.store.shards import read_shard
+from kvbench.submissions.tables import MAX_DECODED_BYTES, OverBound, read_bounded_shard
 
 
 @dataclass(frozen=True)
@@ -50,22 +50,31 @@ def stored_runs(root: Path) -> tuple[list[StoredRun], dict[str, str]]:
     return runs, broken
 
 
-def load_samples(runs: list[StoredRun]) -> tuple[duckdb.DuckDBPyConnection, list[tuple[Path, str]]]:
+def load_samples(
+    runs: list[StoredRun],
+) -> tuple[duckdb.DuckDBPyConnection, list[tuple[Path, str, str]]]:
     """An in-memory DuckDB whose ``samples`` table holds every shard of ``runs``, and the shards that do
-    not read back or do not fit the table (a sample given twice, a malformed JSON field), each with why."""
+    not read back, are past a bound (kvbench.submissions.tables), or do not fit the table (a sample given
+    twice, a malformed JSON field): each with the rule it breaks and why."""
     con = duckdb.connect()
     con.execute(table_ddl(SampleRecord, "samples", SAMPLE_KEY))
     bad = []
+    budget = MAX_DECODED_BYTES
     for run in runs:
         for shard in run.shards:
-            read = read_shard(shard)
-            if isinstance(read, str):
-                bad.append((shard, read))
+            read = read_bounded_shard(shard, budget)
+            if isinstance(read, OverBound):
+                bad.append((shard, read.rule, read.message))
                 continue
+            if isinstance(read, str):
+                bad.append((shard, "sample-counts", read))
+                continue
+            budget -= read.nbytes
             try:  # one shard at a time, so that a bad one is named and the others still load
                 insert_rows(con, "samples", read)
             except duckdb.Error as exc:
-                bad.append((shard, f"its samples do not fit the samples table ({str(exc).splitlines()[0]})"))
+                why = f"its samples do not fit the samples table ({str(exc).splitlines()[0]})"
+                bad.append((shard, "sample-counts", why))
     return con, bad
 
 

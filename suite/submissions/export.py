@@ -220,7 +220,7 @@ def export(
     con, bad = load_samples(chosen)
     if bad:
         raise PrerequisiteError(
-            "damaged shards, export nothing:\n  " + "\n  ".join(f"{p}: {w}" for p, w in bad)
+            "damaged shards, export nothing:\n  " + "\n  ".join(f"{p}: {w}" for p, _, w in bad)
         )
     counts = dict(con.execute("SELECT run_id, count(*) FROM samples GROUP BY run_id").fetchall())
     sources = _scorer_sources(chosen, scorers)

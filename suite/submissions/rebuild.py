@@ -123,7 +123,7 @@ def _kept(bundle: Path) -> Iterator[Checked]:
         samples, bad = load_samples(runs)
         with samples:
             problems = [str(f) for f in failures] + [f"runs/{b}: {why}" for b, why in broken.items()]
-            problems += [f"{path}: {why}" for path, why in bad]
+            problems += [f"{path}: {why}" for path, _, why in bad]
             if problems:
                 raise PrerequisiteError(f"{bundle} no longer reads back: " + "; ".join(problems))
             yield Checked(None, runs=runs, samples=samples)

@@ -9,6 +9,9 @@ identity        a run id is the hash of its resolved spec, which is in the canon
 output-digest   each run's output digest, recomputed from its samples, is the one the bundle lists
 sample-counts   one problem per shard, k samples each (k from the spec), no more problems than its limit
 seeds           every sample's seed is the one the protocol derives for (task, problem, sample)
+value-range     every number a sample carries is finite, and a share is in [0, 1]: the task's metric
+                when its kind is pass/fail or proportion (kvbench.specs.metric_kind), the needle's
+                shares and the retention telemetry's
 private-text    a private task's samples carry no text: no output, no grader detail, no long strings
 suite           the suite ships in the bundle, as the member its run names, with the hash the run
                 recorded, and is not a different file under the name of one of this kvbench's suites
@@ -45,11 +48,12 @@ from kvbench.results.check import outputs_digest
 from kvbench.results.pairing import partners
 from kvbench.runner.identity import RUNNER_VERSION
 from kvbench.specs.loading import find_spec_file
+from kvbench.specs.metric_kind import METRIC_KINDS, MetricKind, task_metric
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.specs.suite import SuiteSpec, suite_names
 from kvbench.specs.task import load_task, task_names
-from kvbench.store.records import SCHEMA_VERSION
+from kvbench.store.records import FLOATS, SCHEMA_VERSION, SampleRecord, column
 from kvbench.store.shards import problem_key
 from kvbench.submissions.bundle import (
     FORMAT,
@@ -126,8 +130,8 @@ def check_bundle(folder: Path) -> Checked:
         )
     con, bad = load_samples(checked.runs)
     checked.samples = con
-    for path, why in bad:
-        checked.fail(str(path.relative_to(folder)), "sample-counts", why)
+    for path, rule, why in bad:
+        checked.fail(str(path.relative_to(folder)), rule, why)
     _text(folder, checked)
     # a run whose spec does not even have the shape of one is judged no further
     checked.runs = [run for run in checked.runs if _run_rules(folder, run, cells[run.run_id], checked)]
@@ -167,12 +171,12 @@ def _text(folder: Path, checked: Checked) -> None:
         while failures < _TEXT_FAILURES and (row := rows.fetchone()) is not None:
             problem_id, sample, *values = row
             for (name, kind), value in zip(SAMPLE_FIELDS.items(), values, strict=True):
-                problem = text_problem(value, kind) if isinstance(value, str) else None
-                if problem and failures < _TEXT_FAILURES:
+                wrong = text_problem(value, kind) if isinstance(value, str) else None
+                if wrong and failures < _TEXT_FAILURES:
                     failures += 1
                     # the problem id, short, where it is not itself what is wrong
                     where = name if name == "problem_id" else f"{name} of problem {problem_id[:64]!r}"
-                    checked.fail(f"runs/{run.run_id}", "text", f"{where} (sample {sample}) {problem}")
+                    checked.fail(f"runs/{run.run_id}", "text", f"{where} (sample {sample}) {wrong}")
 
 
 def _digests(folder: Path, checked: Checked) -> None:
@@ -220,6 +224,7 @@ def _run_rules(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked)
                 f"its samples digest to {outputs}, the bundle lists {cell.output_digest}",
             )
         _private(where, run.spec, rows, checked)
+        _value_ranges(where, run, checked)
         _suite(folder, run, cell, checked)
         _protocol(folder, run, cell, checked)
         _scorer(folder, run, cell, checked)
@@ -328,6 +333,43 @@ def _private(where: str, spec: ResolvedSpec, rows: list[tuple], checked: Checked
             f"task {spec.task.name} is private, yet {texts} sample(s) "
             "carry output text, grader detail or long strings",
         )
+
+
+SHARES = (
+    *(
+        name
+        for name, kind in METRIC_KINDS.items()
+        if kind != MetricKind.UNBOUNDED and name in SampleRecord.model_fields
+    ),
+    "needle_high_precision",
+    *(name for name in SampleRecord.model_fields if column(SampleRecord, name) is FLOATS),
+)
+"""The samples columns that are shares, in [0, 1] (besides the task's own metric, by its kind)."""
+
+
+def _value_ranges(where: str, run: StoredRun, checked: Checked) -> None:
+    """Every float a run's samples carry is finite, and each share is in [0, 1]: a proportion of 1.7 or
+    a NaN would pass through every mean and sign test downstream as a score."""
+    assert checked.samples is not None
+    shares = {*SHARES, *(("metric",) if task_metric(run.spec.task).kind != MetricKind.UNBOUNDED else ())}
+    floats = [n for n in SampleRecord.model_fields if column(SampleRecord, n).sql in ("DOUBLE", "FLOAT[]")]
+
+    def outside(name: str, value: str) -> str:
+        return f"NOT isfinite({value})" + (f" OR {value} < 0 OR {value} > 1" if name in shares else "")
+
+    tests = [
+        f"count(*) FILTER (WHERE len(list_filter({n}, lambda x: {outside(n, 'x')})) > 0)"
+        if column(SampleRecord, n) is FLOATS
+        else f"count(*) FILTER (WHERE {outside(n, n)})"
+        for n in floats
+    ]
+    counts = checked.samples.execute(
+        f"SELECT {', '.join(tests)} FROM samples WHERE run_id = ?", [run.run_id]
+    ).fetchone()
+    for name, count in zip(floats, counts or (), strict=False):
+        if count:
+            bound = "finite and in [0, 1] (a share)" if name in shares else "finite"
+            checked.fail(where, "value-range", f"{count} sample(s) carry a {name} that is not {bound}")
 
 
 def _shipped(

@@ -1,0 +1,30 @@
+"""Text from outside kvbench (a scorer's message, a bundle's names, parameters and labels) made safe to
+print: the one function every printed line from such text goes through."""
+
+from __future__ import annotations
+
+# Every C0 and C1 control character and DEL (Unicode category Cc), and the bidirectional overrides that
+# make a terminal show text in another order than it is: a scorer's message or a bundle's name with
+# "\x1b]0;...\x07" would retitle the operator's terminal, "\x1b[2J" clear it, "\x9b" start a sequence on
+# terminals that read C1. rich.control.escape_control_codes covers only BEL, BS, VT, FF and CR, and
+# rich.text.Text drops those five and passes ESC through, so the table is written here. A lone surrogate
+# (U+D800..U+DFFF, which a bundle's JSON can spell as "\ud800") is no character a terminal's UTF-8 can
+# carry: written as it is, it ends the command in a UnicodeEncodeError.
+_UNPRINTABLE = [
+    *range(0x20),
+    0x7F,
+    *range(0x80, 0xA0),
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    *range(0xD800, 0xE000),
+]
+_ESCAPES = {code: ascii(chr(code))[1:-1] for code in _UNPRINTABLE}
+_ESCAPES_IN_LINES = {code: text for code, text in _ESCAPES.items() if chr(code) not in "\n\t"}
+
+
+def printable(text: object, *, lines: bool = False) -> str:
+    """``text`` with every control character and lone surrogate shown as its Python escape (ESC as
+    ``\\x1b``), for a terminal: the one way kvbench prints text that came from a scorer or a bundle (a
+    name, a parameter, a message, a submitter). ``lines`` keeps newlines and tabs, for a multi-line
+    message."""
+    return str(text).translate(_ESCAPES_IN_LINES if lines else _ESCAPES)
