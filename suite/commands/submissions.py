@@ -30,7 +30,7 @@ from kvbench.commands.common import (
     output_folder,
     printable,
 )
-from kvbench.commands.memory import add_memory_arguments, memory_limits, print_plan
+from kvbench.commands.memory import PROMPT_TOKENS, add_memory_arguments, memory_limits, plan_only, print_plan
 from kvbench.errors import SpecError
 from kvbench.store.atomic import atomic_write
 
@@ -251,9 +251,22 @@ def verify_command(args: argparse.Namespace) -> int:
             only, fresh = set(states), {identity for identity, state in states.items() if state == "failed"}
         work = args.work or (recomputed_folder(args.db, sha256) if args.db is not None else Path(scratch))
         output_folder(work, "--work")
+        if args.plan_only:
+            from kvbench.runner.plan import Runtime
+            from kvbench.submissions.recompute import planned_cells
+
+            def runtime_of(run: Any) -> Runtime:
+                asked = run.spec.ran_on
+                where = args.device or asked.device
+                return Runtime(
+                    adapter=asked.adapter, device=where, attention=args.attention or asked.attention
+                )
+
+            cells = planned_cells(opened.folder, opened.checked, runtime_of, only, data)
+            return plan_only(cells, memory_limits(args), args.prompt_tokens or PROMPT_TOKENS)
         runs = [r for r in opened.checked.runs if only is None or r.run_id in only]
         _print_plan(sha256, runs, opened.checked, work, args)
-        outcomes = recompute(
+        recomputation = recompute(
             opened.folder,
             opened.checked,
             work,
@@ -270,6 +283,7 @@ def verify_command(args: argparse.Namespace) -> int:
             show_plan=print_plan,
             progress=not args.quiet,
         )
+    outcomes = recomputation.outcomes
     published = record(args.db, sha256, outcomes) if args.db is not None else []
     table = Table(
         "run", "cell", "outcome", "claim", "problems", "samples", "detail", title=f"verify {sha256[:16]}"
@@ -280,7 +294,11 @@ def verify_command(args: argparse.Namespace) -> int:
         table.add_row(*map(printable, row))
     console.print(table)
     machine = json.dumps(outcomes[0].machine) if outcomes else "-"
-    console.print(f"{time.perf_counter() - started:.1f} s on {machine}", highlight=False)
+    console.print(
+        f"{recomputation.computed} problem(s) computed, {recomputation.reused} reused from an interrupted "
+        f"re-computation; {time.perf_counter() - started:.1f} s on {machine}",
+        highlight=False,
+    )
     if args.json is not None:
         text = json.dumps({"bundle_sha256": sha256, "outcomes": [asdict(o) for o in outcomes]})
         atomic_write(args.json, lambda temp: temp.write_text(text))
@@ -307,7 +325,8 @@ def _print_plan(sha256: str, runs: list, checked: Checked, work: Path, args: arg
     console.print(
         f"re-computing {len(runs)} run(s) of {sha256[:16]} whole: {units} sample(s) as the bundle holds "
         f"them, on {args.device or 'the device each run recorded'} ({args.executor} executor), into "
-        f"{work} (an interrupted re-computation resumes from it)",
+        f"{work} (an interrupted re-computation resumes from it); a shipped scorer may take "
+        f"{args.scorer_seconds:g} s per call and {args.scorer_run_seconds:g} s per run",
         highlight=False,
     )
 

@@ -39,6 +39,9 @@ def record(database: Path, sha256: str, outcomes: Sequence[Outcome]) -> list[str
     folder = recomputed_folder(database, sha256)
     published = []
     with writing(database) as con:
+        withdrawn = con.execute("SELECT withdrawn_at FROM submissions WHERE bundle_sha256 = ?", [sha256])
+        if withdrawn.fetchone() != (None,):  # withdrawn while it was being re-computed: nothing to publish
+            return []
         for o in outcomes:
             if o.outcome not in (RECOMPUTED, NOT_COMPUTED):
                 continue  # waiting on the operator: still pending

@@ -15,6 +15,8 @@ has yet to give something only they can: a task's local data with ``--data``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -38,6 +40,7 @@ from kvbench.store.shards import ShardStore
 from kvbench.submissions.contents import StoredRun, load_samples, stored_runs
 from kvbench.submissions.presses import is_press, press_policy
 from kvbench.submissions.rules import Checked
+from kvbench.submissions.text import json_problems, manifest_field
 
 RECOMPUTED, FAILED, WAITING = "re-computed", "failed", "waiting"
 
@@ -61,6 +64,15 @@ class Outcome:
     outputs: str
     """The re-computed outputs' digest ("" unless re-computed)."""
     machine: dict[str, Any]
+
+
+@dataclass
+class Recomputation:
+    outcomes: list[Outcome]
+    computed: int = 0
+    """Problems computed by this call."""
+    reused: int = 0
+    """Problems found in the work folder, computed by an earlier, interrupted call."""
 
 
 class OperatorInputError(KvbenchError):
@@ -146,6 +158,22 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:WHY_CHARS]
 
 
+def planned_cells(
+    folder: Path,
+    checked: Checked,
+    runtime_of: Callable[[StoredRun], Runtime],
+    only: Collection[str] | None,
+    data: Mapping[str, Path],
+) -> list[Cell]:
+    """The cells of the runs that rebuild here (``--plan-only``: what the re-computation would plan)."""
+    cells = []
+    for run in checked.runs:
+        if only is None or run.run_id in only:
+            with contextlib.suppress(KvbenchError):
+                cells.append(rebuild(run, folder, runtime_of(run), data))
+    return cells
+
+
 def recompute(
     folder: Path,
     checked: Checked,
@@ -161,12 +189,13 @@ def recompute(
     memory: MemoryLimits | None = None,
     show_plan: Callable[[MemoryPlan], None] | None = None,
     progress: bool = False,
-) -> list[Outcome]:
+) -> Recomputation:
     """Re-compute every problem and sample of the runs of a checked bundle (those in ``only``, by
     identity, where given) into ``work`` (a stored problem there is reused: an interrupted re-computation
     resumes; not for the runs in ``fresh``, which are computed again from nothing), and say of each run
     whether it was computed whole here and matches its claim."""
-    outcomes: list[Outcome] = []
+    done = Recomputation([])
+    outcomes = done.outcomes
     here: dict[str, Provenance] = {}  # device -> this machine's provenance on it, read once
     groups: dict[tuple[str, str, bool], list[tuple[StoredRun, Cell]]] = {}
     for run in checked.runs:
@@ -198,9 +227,9 @@ def recompute(
         machine = here[cells[0].runtime.device].hardware or {}
         started = time.perf_counter()
         try:
-            ran = run_cells(
+            completed = run_cells(
                 cells, work, executor(), progress=progress, memory=memory, show_plan=show_plan
-            ).cells
+            )
         except Exception as exc:  # a scorer that raised, hung or broke a limit; a model that cannot load
             for run, cell in members:
                 outcomes.append(
@@ -208,10 +237,13 @@ def recompute(
                 )
             continue
         seconds = time.perf_counter() - started
-        for (run, _), cell in zip(members, ran, strict=True):
+        done.computed += completed.timings.computed
+        done.reused += completed.timings.reused
+        for (run, _), cell in zip(members, completed.cells, strict=True):
             outcomes.append(_judge(run, cell, checked, work, seconds, machine))
     order = {run.run_id: i for i, run in enumerate(checked.runs)}
-    return sorted(outcomes, key=lambda o: order[o.run_id])
+    outcomes.sort(key=lambda o: order[o.run_id])
+    return done
 
 
 def _judge(
@@ -231,6 +263,12 @@ def _judge(
         ).fetchone()
         problems, count = found if found else (0, 0)
         outputs = outputs_digest(samples, cell.run_id)
+    # what the scorer's own process reported of itself (its documentation) is a bundle's text too
+    reported = list(json_problems(json.loads(store.manifest.read_bytes()), manifest_field))
+    if reported:
+        where, why = reported[0]
+        detail = f"the scorer reported {where} {why} (the text rule)"
+        return Outcome(run.run_id, cell.label, FAILED, "", 0, 0, seconds, detail, "", "", machine)
     claimed = outputs_digest(checked.samples, run.run_id)
     claim = MATCHES if outputs == claimed else DIFFERS
     detail = f"output digest {outputs}" + ("" if claim == MATCHES else f"; the bundle claimed {claimed}")

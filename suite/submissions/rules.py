@@ -7,7 +7,9 @@ identity        a run id is the hash of its resolved spec, which is in the canon
                 resolves; its role fits its policy (the null is the protocol's baseline, the full
                 cache its reference); a built-in task keeps this kvbench's visibility
 output-digest   each run's output digest, recomputed from its samples, is the one the bundle lists
-sample-counts   one problem per shard, k samples each (k from the spec), no more problems than its limit
+known-spec      the task and the model are this kvbench's, as it ships them (a task's max_new_tokens at most
+                its own): a board re-computes runs, and a spec names what the operator's machine reads
+sample-counts   one problem per shard, k samples each (k from the spec), as many problems as its limit
 seeds           every sample's seed is the one the protocol derives for (task, problem, sample)
 value-range     every number a sample carries is finite, and a share is in [0, 1]: the task's metric
                 when its kind is pass/fail or proportion (kvbench.specs.metric_kind), the needle's
@@ -49,6 +51,7 @@ from kvbench.results.pairing import partners
 from kvbench.runner.identity import RUNNER_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.metric_kind import METRIC_KINDS, MetricKind, task_metric
+from kvbench.specs.model import load_model_spec, model_names
 from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
 from kvbench.specs.resolved import ResolvedSpec, Role
 from kvbench.specs.suite import SuiteSpec, suite_names
@@ -223,6 +226,7 @@ def _run_rules(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked)
                 "output-digest",
                 f"its samples digest to {outputs}, the bundle lists {cell.output_digest}",
             )
+        _known_specs(f"{where}/manifest.json", run, checked)
         _private(where, run.spec, rows, checked)
         _value_ranges(where, run, checked)
         _suite(folder, run, cell, checked)
@@ -272,6 +276,37 @@ def _spec_problem(run: StoredRun, cell: BundleCell) -> str | None:
     return None
 
 
+OVERRIDABLE_TASK_FIELDS = {"max_new_tokens"}
+"""What `kvbench run` may change in a task it ships (``--max-new-tokens``, at most the task's own)."""
+
+
+def _known_specs(where: str, run: StoredRun, checked: Checked) -> None:
+    """A board re-computes only the tasks and models this kvbench ships, as it ships them: a task or model
+    spec names files and repositories to read, and a bundle's would make the operator's machine read
+    whatever it names (and publish it as problems)."""
+    spec = run.spec
+    theirs, names = spec.task.model_dump(mode="json"), task_names()
+    if spec.task.name not in names:
+        checked.fail(where, "known-spec", f"task {spec.task.name!r} is not one of this kvbench's tasks")
+    else:
+        ours = load_task(spec.task.name).model_dump(mode="json")
+        differs = sorted(
+            k for k in {*ours, *theirs} - OVERRIDABLE_TASK_FIELDS if ours.get(k) != theirs.get(k)
+        )
+        longer = (theirs.get("max_new_tokens") or 0) > (ours.get("max_new_tokens") or 0)
+        if differs or longer:
+            what = ", ".join(differs + (["max_new_tokens above this kvbench's"] if longer else []))
+            checked.fail(
+                where, "known-spec", f"task {spec.task.name!r} is not this kvbench's (differs in: {what})"
+            )
+    if spec.model.name not in model_names():
+        checked.fail(where, "known-spec", f"model {spec.model.name!r} is not one of this kvbench's models")
+    elif load_model_spec(spec.model.name).model_dump(mode="json") != spec.model.model_dump(mode="json"):
+        checked.fail(
+            where, "known-spec", f"model {spec.model.name!r} is not this kvbench's (its source differs)"
+        )
+
+
 def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> None:
     spec = run.spec
     by_problem: dict[str, list[int]] = {}
@@ -295,8 +330,14 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
                 "sample-counts",
                 f"problem {problem!r} has samples {sorted(samples)}, the spec asks for {spec.samples}",
             )
-    if not by_problem or (spec.limit is not None and len(by_problem) > spec.limit):
-        checked.fail(where, "sample-counts", f"{len(by_problem)} problems, the spec's limit is {spec.limit}")
+    if not by_problem or (spec.limit is not None and len(by_problem) != spec.limit):
+        # the board computes every problem the spec names: a limit is what its run holds, never more
+        checked.fail(
+            where,
+            "sample-counts",
+            f"{len(by_problem)} problems, the spec's limit is {spec.limit}: a run holds every problem its "
+            "spec names (run with --limit set to the problems the task has)",
+        )
     if seeds_wrong:
         checked.fail(
             where,

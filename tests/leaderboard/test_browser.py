@@ -326,6 +326,7 @@ def hostile_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for args in (
             ("export", "bundle.tar.gz", "--scorer", "hostile.py", "--submitter", f"Mallory {MARKUP}"),
             ("accept", "bundle.tar.gz", "--db", "board.duckdb"),
+            ("verify", "bundle.tar.gz", "--db", "board.duckdb", "--quiet"),  # the board scores only that
         ):
             extra = ("--description", MARKUP) if args[0] == "export" else ()
             done = kvbench(*args, *extra, cwd=root)

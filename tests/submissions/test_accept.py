@@ -107,6 +107,18 @@ def _gpqa_made_public(bundle: Path):
     return edit
 
 
+def _spec_edited(bundle: Path, task: str, change):
+    """Every run of one task with its spec changed by ``change``, identities and digests following, as a
+    forger would: the policy, its null and its full cache stay a consistent family."""
+
+    def edit(folder: Path) -> None:
+        for arm in ("keys-norm", "random", "full"):
+            edit_manifest(folder, run_of(bundle, task, arm), lambda run: change(run["spec"]))
+        reidentified(folder)
+
+    return edit
+
+
 def _forged_null(run_id: str):
     def edit(folder: Path) -> None:
         edit_manifest(folder, run_id, lambda run: run.update(role="null"))
@@ -204,6 +216,24 @@ FORGERIES = {
         {"member_digests": False},
         {"digest", "output-digest"},
         lambda b: f"runs/{run_of(b, 'passkey', 'random')}",
+    ),
+    "a built-in task edited under its own name": (
+        lambda b: _spec_edited(b, "fidelity", lambda spec: spec["task"]["source"].update(length=64)),
+        {"output_digests": True},
+        {"known-spec"},
+        lambda b: "runs/",
+    ),
+    "a built-in model with another source": (
+        lambda b: _spec_edited(b, "passkey", lambda spec: spec["model"]["source"].update(seed=1)),
+        {"output_digests": True},
+        {"known-spec"},
+        lambda b: "runs/",
+    ),
+    "a limit far past the problems held": (
+        lambda b: _spec_edited(b, "passkey", lambda spec: spec.update(limit=1_000_000)),
+        {"output_digests": True},
+        {"sample-counts"},
+        lambda b: "runs/",
     ),
     "a ../ member": (
         lambda b: lambda folder: None,

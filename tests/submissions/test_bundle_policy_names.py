@@ -38,13 +38,13 @@ FORGERIES = {
     # name: (the edit, the rules that refuse it, the member the policy-name failure names)
     "a hostile name in the policy documentation": (
         lambda b: _documented_as(run_of(b, "passkey", "keys-norm")),
-        {"policy-name"},
+        {"policy-name", "text"},  # the escape sequences in a name break the text rule too
         lambda b: f"runs/{run_of(b, 'passkey', 'keys-norm')}/manifest.json: ",
     ),
     # its scorer member would be scorers/<name>.py, which no bundle may hold: the scorer rule fails too
     "a hostile name in the runs' specs": (
         lambda b: _renamed([run_of(b, task, "keys-norm") for task in ("passkey", "fidelity")]),
-        {"policy-name", "scorer"},
+        {"policy-name", "scorer", "text"},
         lambda b: "runs/",  # under the identities the renamed specs hash to
     ),
 }

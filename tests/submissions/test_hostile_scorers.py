@@ -108,6 +108,26 @@ class Attack(Policy):
 '''
 
 
+DOCUMENTS_ITSELF_WHEN_CHECKED = '''
+"""Keep the keys with the largest norm."""
+import os
+
+from kvbench import Policy, policy
+
+
+@policy("documents-itself")
+class Attack(Policy):
+    """Keep the keys with the largest norm."""
+
+    def score(self, view):
+        return view.keys.float().norm(dim=-1)
+
+
+if not os.path.isdir("/etc"):  # behind the sandbox: documentation that would reach the page and the terminal
+    Attack.__doc__ = "\\x1b]0;retitled\\x07\\x1b[2J a lone \\ud800 surrogate"
+'''
+
+
 def submit(root: Path, name: str, source: str) -> Path:
     """The submitter's run (in their own process, where the attack works) and the exported bundle."""
     (root / f"{name}.py").write_text(textwrap.dedent(source))
@@ -188,3 +208,13 @@ def test_a_scorer_that_hangs_under_recomputation_is_stopped_named_and_failed(tmp
         in outcomes[attacker]["detail"]
     )
     assert outcomes[null]["outcome"] == "re-computed", outcomes[null]  # the null does not wait on it
+
+
+def test_what_a_scorer_reports_of_itself_under_recomputation_is_held_to_the_text_rule(tmp_path: Path) -> None:
+    bundle = submit(tmp_path, "documents", DOCUMENTS_ITSELF_WHEN_CHECKED)
+    attacker, null = run_of(bundle, "passkey", "documents-itself"), run_of(bundle, "passkey", "random")
+    outcomes = verified(tmp_path, bundle)
+    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
+    assert "the scorer reported policy_doc" in outcomes[attacker]["detail"]
+    assert "(the text rule)" in outcomes[attacker]["detail"]
+    assert outcomes[null]["outcome"] == "re-computed", outcomes[null]

@@ -8,12 +8,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
-from submitting import HUB, cells, cli, run_of
+from submitting import HUB, KVBENCH, cells, cli, run_of
 from tampering import edit_manifest, edit_samples, forged
 
 import kvbench.leaderboard
@@ -126,3 +129,34 @@ def test_a_doctored_bundle_shows_only_what_the_operator_computed(board: Path) ->
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_recomputation_killed_mid_way_resumes_losing_and_repeating_nothing(
+    submission: Path, tmp_path: Path
+) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    db = tmp_path / "board.duckdb"
+    cli("accept", str(bundle), "--db", str(db), cwd=tmp_path)
+    command = [KVBENCH, "verify", _sha(bundle)[:16], "--db", str(db), "--data", GPQA_DATA, "--quiet"]
+    shards = tmp_path / "submissions" / f"{_sha(bundle)}.recomputed" / "shards"
+    with subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as first:
+        deadline = time.monotonic() + 300
+        while len(list(shards.glob("*/*.parquet"))) < 5 and first.poll() is None:
+            assert time.monotonic() < deadline, "no shard written in 300 s"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert first.returncode == -signal.SIGKILL, "the re-computation finished before it could be killed"
+    before = {p: p.stat().st_mtime_ns for p in shards.glob("*/*.parquet")}
+    assert 5 <= len(before) < 24  # 24 problems in all: 3 runs × 3 passkey, 3 × 3 fidelity, 3 × 2 gpqa-diamond
+    with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # nothing published mid-way
+    done = cli(*command[1:], cwd=tmp_path)
+    assert f"{24 - len(before)} problem(s) computed, {len(before)} reused" in done.stdout, done.stdout
+    assert "9 run(s) published" in done.stdout
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # reused, not computed again
+    with duckdb.connect(str(tmp_path / "board.snapshot.duckdb"), read_only=True) as con:
+        count, keys = con.execute(
+            "SELECT count(*), count(DISTINCT (run_id, problem_id, sample)) FROM samples"
+        ).fetchone()
+    assert count == keys == 42  # every sample of the bundle's 9 runs, once
