@@ -204,8 +204,12 @@ def recompute(
         asked = run.spec.ran_on
         label = run.manifest.label or run.run_id
         where = device or asked.device
-        if where not in here:
-            here[where] = Provenance.model_validate(provenance(where))
+        try:
+            if where not in here:  # a device this machine lacks (cuda:9) is that run's failure, no other's
+                here[where] = Provenance.model_validate(provenance(where))
+        except Exception as exc:
+            outcomes.append(Outcome(run.run_id, label, FAILED, "", 0, 0, 0.0, _why(exc), "", "", {}))
+            continue
         machine = here[where].hardware or {}
         try:
             runtime = Runtime(adapter=asked.adapter, device=where, attention=attention or asked.attention)

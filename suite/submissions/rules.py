@@ -330,13 +330,13 @@ def _counts(where: str, run: StoredRun, rows: list[tuple], checked: Checked) -> 
                 "sample-counts",
                 f"problem {problem!r} has samples {sorted(samples)}, the spec asks for {spec.samples}",
             )
-    if not by_problem or (spec.limit is not None and len(by_problem) != spec.limit):
-        # the board computes every problem the spec names: a limit is what its run holds, never more
+    if not by_problem or len(by_problem) != spec.limit:
+        # the board computes every problem the spec names: a submitted run states how many, and holds them
         checked.fail(
             where,
             "sample-counts",
             f"{len(by_problem)} problems, the spec's limit is {spec.limit}: a run holds every problem its "
-            "spec names (run with --limit set to the problems the task has)",
+            "spec names, and states how many (run with --limit N, N the problems it scores)",
         )
     if seeds_wrong:
         checked.fail(

@@ -66,9 +66,12 @@ SPEC_TEXT = TextField("a manifest's text", SPEC_TEXT_CHARS, "SPEC_TEXT_CHARS", l
 OUTPUT = TextField("an output", OUTPUT_CHARS, "OUTPUT_CHARS", lines=True, any_character=True)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-"""Unicode's control characters (category Cc): C0, DEL and C1."""
-_CONTROL_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_INVISIBLE = "\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff"
+"""Zero-width characters and the bidirectional marks and overrides: a page would show text in another
+order than it is, or hide part of it (a terminal gets them escaped, kvbench.printable)."""
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
+"""Unicode's control characters (category Cc): C0, DEL and C1; and the invisible ones above."""
+_CONTROL_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
 
 _NAMED = {"name", "class", "task"}
 """Keys whose string is a name wherever they are in a run's manifest (the spec's model, task, policy

@@ -235,6 +235,12 @@ FORGERIES = {
         {"sample-counts"},
         lambda b: "runs/",
     ),
+    "a run that does not state its problems": (
+        lambda b: _spec_edited(b, "passkey", lambda spec: spec.update(limit=None)),
+        {"output_digests": True},
+        {"sample-counts"},
+        lambda b: "runs/",
+    ),
     "a ../ member": (
         lambda b: lambda folder: None,
         # from the extraction folder (TMPDIR/tmpXXXX/members) four steps up is the test's own folder

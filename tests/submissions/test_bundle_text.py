@@ -34,10 +34,11 @@ from kvbench.submissions.text import (
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J"
 """OSC 0 retitles the terminal, CSI 2J clears it."""
 RIGHT_TO_LEFT = "\u202e"
-"""RIGHT-TO-LEFT OVERRIDE: not a control character (the text rule lets it be), but a terminal would show
-the rest of the line reversed; kvbench prints it as its escape."""
+"""RIGHT-TO-LEFT OVERRIDE: a format character, not a control one, which a terminal or a page would show
+the rest of the line reversed by: the text rule refuses it, kvbench.printable escapes it."""
 MODEL = f"tiny[/]{RIGHT_TO_LEFT}qwen3"
-"""A model name the text rule accepts that Rich would read as markup (a closing tag with nothing open)."""
+"""A model name (from a local model file: a board accepts only kvbench's own models) that Rich would read as
+markup (a closing tag with nothing open)."""
 MODEL_SHOWN = r"tiny[/]\u202eqwen3"
 BLANK_LINE_MODEL = "tiny-qwen3\n\n# heading **bold** [link](http://example.com)\n\n"
 APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
@@ -96,6 +97,14 @@ MALFORMED = {
     "a bell in the submitter": (
         _bundle_json(lambda manifest: manifest.update(submitter="Mallory\x07")),
         "bundle.json: [text] submitter holds the control character U+0007",
+    ),
+    "a right-to-left override in the submitter": (
+        _bundle_json(lambda manifest: manifest.update(submitter=f"Mallory {RIGHT_TO_LEFT}gpj.exe")),
+        "bundle.json: [text] submitter holds the control character U+202E",
+    ),
+    "a zero-width space in a policy parameter": (
+        _policy_parameter("ab\u200bcd"),
+        "/manifest.json: [text] spec.policy.params.note holds the control character U+200B",
     ),
     "a carriage return in a description": (
         _bundle_json(lambda manifest: manifest.update(description="line\rover")),
