@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 from invoke import kvbench
 
+from kvbench.provenance import provenance
 from kvbench.registry import builtin_policies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +103,9 @@ def test_the_committed_ci_reference_covers_every_built_in_policy() -> None:
 def test_the_ci_gate_passes_every_builtin_policy_against_the_committed_reference(tmp_path: Path) -> None:
     """The policy-regression gate itself (`make check`: `kvbench check --suite ci`), run where the tests
     run so that CI spreads it over the cores with them: every cell of runs/reference/ci.json recomputed
-    from scratch and unchanged."""
+    from scratch, none failing, and every one unchanged to the bit on a CPU of the reference's kind. On
+    another kind (an AVX2-only AMD against the reference's AMX Xeon) float kernels round otherwise: a
+    cell may then change within its tolerance, which the gate reports without failing."""
     reference = json.loads((REPO / "runs" / "reference" / "ci.json").read_text())
     cells = len(reference["cells"])
     suite = yaml.safe_load((REPO / "suite" / "suites" / "ci.yaml").read_text())
@@ -110,4 +114,9 @@ def test_the_ci_gate_passes_every_builtin_policy_against_the_committed_reference
         "check", "--suite", "ci", "--reference", str(REPO / "runs" / "reference"), "--quiet", cwd=tmp_path
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
-    assert f"{cells} of {cells} cells unchanged; 0 failing" in done.stdout
+    recorded = reference["manifest"]["hardware"]
+    here = provenance("cpu")["hardware"]
+    if (here["cpu"], here["cpu_vector_features"]) == (recorded["cpu"], recorded["cpu_vector_features"]):
+        assert f"{cells} of {cells} cells unchanged; 0 failing" in done.stdout
+    else:
+        assert re.search(rf"\b\d+ of {cells} cells unchanged; 0 failing", done.stdout), done.stdout[-3000:]
