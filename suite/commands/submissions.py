@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -220,6 +220,7 @@ def accept_command(args: argparse.Namespace) -> int:
 
 def verify_command(args: argparse.Namespace) -> int:
     from kvbench.isolation.host import IsolationLimits
+    from kvbench.store.ingest import reading
     from kvbench.submissions.board import find_submission, kept_bundle, recomputed_folder
     from kvbench.submissions.publish import awaiting, record
     from kvbench.submissions.recompute import recompute
@@ -247,22 +248,15 @@ def verify_command(args: argparse.Namespace) -> int:
         sha256 = opened.sha256
         only, fresh = None, set()
         if args.db is not None:
-            states = _awaiting(args.db, sha256, args.retry, awaiting)
+            with reading(args.db) as con:
+                states = awaiting(con, sha256, args.retry)
             only, fresh = set(states), {identity for identity, state in states.items() if state == "failed"}
         work = args.work or (recomputed_folder(args.db, sha256) if args.db is not None else Path(scratch))
         output_folder(work, "--work")
         if args.plan_only:
-            from kvbench.runner.plan import Runtime
             from kvbench.submissions.recompute import planned_cells
 
-            def runtime_of(run: Any) -> Runtime:
-                asked = run.spec.ran_on
-                where = args.device or asked.device
-                return Runtime(
-                    adapter=asked.adapter, device=where, attention=args.attention or asked.attention
-                )
-
-            cells = planned_cells(opened.folder, opened.checked, runtime_of, only, data)
+            cells = planned_cells(opened.folder, opened.checked, only, args.device, args.attention, data)
             return plan_only(cells, memory_limits(args), args.prompt_tokens or PROMPT_TOKENS)
         runs = [r for r in opened.checked.runs if only is None or r.run_id in only]
         _print_plan(sha256, runs, opened.checked, work, args)
@@ -307,13 +301,6 @@ def verify_command(args: argparse.Namespace) -> int:
             f"{len(published)} run(s) published on {args.db} with the numbers computed here", highlight=False
         )
     return _verify_status(outcomes)
-
-
-def _awaiting(database: Path, sha256: str, retry: bool, awaiting: Any) -> dict[str, str]:
-    from kvbench.store.ingest import reading
-
-    with reading(database) as con:
-        return awaiting(con, sha256, retry)
 
 
 def _print_plan(sha256: str, runs: list, checked: Checked, work: Path, args: argparse.Namespace) -> None:

@@ -158,11 +158,20 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:WHY_CHARS]
 
 
+def runtime_here(run: StoredRun, device: str | None, attention: str | None) -> Runtime:
+    """The runtime a run is computed on here: the one it recorded, but for a device or attention asked."""
+    asked = run.spec.ran_on
+    return Runtime(
+        adapter=asked.adapter, device=device or asked.device, attention=attention or asked.attention
+    )
+
+
 def planned_cells(
     folder: Path,
     checked: Checked,
-    runtime_of: Callable[[StoredRun], Runtime],
     only: Collection[str] | None,
+    device: str | None,
+    attention: str | None,
     data: Mapping[str, Path],
 ) -> list[Cell]:
     """The cells of the runs that rebuild here (``--plan-only``: what the re-computation would plan)."""
@@ -170,7 +179,7 @@ def planned_cells(
     for run in checked.runs:
         if only is None or run.run_id in only:
             with contextlib.suppress(KvbenchError):
-                cells.append(rebuild(run, folder, runtime_of(run), data))
+                cells.append(rebuild(run, folder, runtime_here(run, device, attention), data))
     return cells
 
 
@@ -201,9 +210,9 @@ def recompute(
     for run in checked.runs:
         if only is not None and run.run_id not in only:
             continue
-        asked = run.spec.ran_on
         label = run.manifest.label or run.run_id
-        where = device or asked.device
+        runtime = runtime_here(run, device, attention)
+        where = runtime.device
         try:
             if where not in here:  # a device this machine lacks (cuda:9) is that run's failure, no other's
                 here[where] = Provenance.model_validate(provenance(where))
@@ -212,7 +221,6 @@ def recompute(
             continue
         machine = here[where].hardware or {}
         try:
-            runtime = Runtime(adapter=asked.adapter, device=where, attention=attention or asked.attention)
             cell = rebuild(run, folder, runtime, data or {}, limits)
         except OperatorInputError as exc:
             outcomes.append(Outcome(run.run_id, label, WAITING, "", 0, 0, 0.0, str(exc), "", "", machine))
