@@ -139,6 +139,17 @@ def executor_from(args: argparse.Namespace, out: Path) -> Executor | None:
     return RayExecutor(out, options)
 
 
+def add_scorer_memory_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scorer-memory",
+        type=float,
+        default=4.0,
+        metavar="GIB",
+        help="an isolated scorer: the memory its processes may hold resident, all together, each shared page "
+        "counted once (default: 4 GiB; each process also has 16 GiB of address space)",
+    )
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kvbench.commands.common import (
     add_executor_arguments,
+    add_scorer_memory_argument,
     add_threads_argument,
     console,
     executor_from,
@@ -119,6 +120,7 @@ def _register_run(commands: argparse._SubParsersAction) -> None:
         help="with --isolate: an isolated scorer's time limit per call (each event, and loading its file) "
         "and the CPU seconds its processes may use per call (default: 60)",
     )
+    add_scorer_memory_argument(run)
     add_executor_arguments(run)
     add_threads_argument(run)
     add_memory_arguments(run)

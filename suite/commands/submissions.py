@@ -24,6 +24,7 @@ from rich.text import Text
 
 from kvbench.commands.common import (
     add_executor_arguments,
+    add_scorer_memory_argument,
     console,
     executor_from,
     output_file,
@@ -118,6 +119,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a submitted scorer: the time all of one run's calls may take together, its loading included "
         "(default: 3600)",
     )
+    add_scorer_memory_argument(verify)
     add_executor_arguments(verify)
     add_memory_arguments(verify)
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -270,7 +272,9 @@ def verify_command(args: argparse.Namespace) -> int:
             attention=args.attention,
             data=data,
             limits=IsolationLimits(
-                seconds_per_call=args.scorer_seconds, seconds_per_run=args.scorer_run_seconds
+                seconds_per_call=args.scorer_seconds,
+                seconds_per_run=args.scorer_run_seconds,
+                resident_bytes=int(args.scorer_memory * 2**30),
             ),
             executor=lambda: executor_from(args, work),
             memory=memory_limits(args),
@@ -313,7 +317,8 @@ def _print_plan(sha256: str, runs: list, checked: Checked, work: Path, args: arg
         f"re-computing {len(runs)} run(s) of {sha256[:16]} whole: {units} sample(s) as the bundle holds "
         f"them, on {args.device or 'the device each run recorded'} ({args.executor} executor), into "
         f"{work} (an interrupted re-computation resumes from it); a shipped scorer may take "
-        f"{args.scorer_seconds:g} s per call and {args.scorer_run_seconds:g} s per run",
+        f"{args.scorer_seconds:g} s per call and {args.scorer_run_seconds:g} s per run, and its processes "
+        f"{args.scorer_memory:g} GiB resident in all",
         highlight=False,
     )
 

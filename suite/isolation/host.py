@@ -45,8 +45,8 @@ from kvbench.graders.sandbox import (
 )
 from kvbench.isolation import messages, serving, wire
 from kvbench.isolation.arena import Arena
-from kvbench.isolation.cpu import CpuWatch
 from kvbench.isolation.pipes import Pipes
+from kvbench.isolation.tree import TreeWatch
 from kvbench.registry import parse_policy_arg, refuse_builtin_name
 
 INSIDE = "/scorer"
@@ -71,6 +71,10 @@ class IsolationLimits(BoundaryLimits):
     limit; this catches the threads and processes that work beside it, or go on after it returned."""
     memory_bytes: int = 16 << 30
     """Address space of each of the scorer's processes (torch reserves much more than it touches)."""
+    resident_bytes: int = 4 << 30
+    """Memory the scorer's processes may hold resident all together, each shared page counted once
+    (kvbench.isolation.tree): the address-space limit is per process, and a scorer that forks would
+    otherwise hold it once per process. ``--scorer-memory``."""
     file_bytes: int = 64 << 20
     processes: int = 32
     reply_bytes: int = 1 << 32
@@ -146,7 +150,7 @@ class ScorerProcess:
         threading.Thread(target=_drain, args=drain, daemon=True).start()
         self.pipes = Pipes(self.process.stdin.fileno(), self.process.stdout.fileno())
         self._finalizer = weakref.finalize(self, _stop, self.process, self.folder, self.pipes, self.arena)
-        self.cpu = CpuWatch(self.process, limits.start_seconds)
+        self.watch = TreeWatch(self.process, limits.start_seconds, limits.resident_bytes)
         self.users = 0
         """The IsolatedPolicy objects holding an instance here (kvbench.isolation.host's _shared)."""
 
@@ -212,7 +216,7 @@ class ScorerProcess:
                     f"which is malformed: {exc}; the scorer's process was stopped"
                 ) from None
             raise ScorerError(f"{where}: the scorer's process broke off ({self._exit()}; {exc})") from None
-        self.cpu.charge(self.limits.cpu_per_call)
+        self.watch.charge(self.limits.cpu_per_call)
         if not header.get("ok"):
             limit = self.limits.named(header.get("errno"))
             raise serving.raised(where, header, f" ({limit})" if limit else "")
@@ -230,7 +234,7 @@ class ScorerProcess:
         status = self.process.returncode
         tail = b"".join(self.log).decode(errors="replace").strip().splitlines()[-5:]
         said = f"; its last words: {' | '.join(tail)}" if tail else ""
-        why = f"; {self.cpu.stopped}" if self.cpu.stopped else ""
+        why = f"; {self.watch.stopped}" if self.watch.stopped else ""
         return f"exit status {status}{why}{said}"
 
     def close(self) -> None:

@@ -56,6 +56,8 @@ class RunRequest:
     """Scorers from files run in a process of their own behind the sandbox (kvbench.isolation)."""
     scorer_seconds: float = 60.0
     """An isolated scorer's time limit per call (an event, loading its file) and CPU seconds per call."""
+    scorer_memory: float = 4.0
+    """GiB an isolated scorer's processes may hold resident, all together."""
 
 
 def _policy(text: str, request: RunRequest) -> Policy:
@@ -68,7 +70,10 @@ def _policy(text: str, request: RunRequest) -> Policy:
     if request.isolate and parse_policy_arg(text)[1] is not None:
         from kvbench.isolation.host import IsolationLimits, isolated
 
-        return isolated(text, IsolationLimits(seconds_per_call=request.scorer_seconds))
+        limits = IsolationLimits(
+            seconds_per_call=request.scorer_seconds, resident_bytes=int(request.scorer_memory * 2**30)
+        )
+        return isolated(text, limits)
     return make_policy(text)
 
 

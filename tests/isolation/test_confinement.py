@@ -250,6 +250,29 @@ def test_cpu_used_beside_or_after_a_call_is_stopped_at_the_limit_per_call(tmp_pa
     assert "CPU seconds since the end of its last call, over the limit of 3 per call" in str(raised.value)
 
 
+def test_forked_processes_are_held_to_one_memory_limit_for_all(tmp_path: Path) -> None:
+    """Each of six forks touches 300 MiB, well inside the address space each process may have: together
+    they pass the scorer's resident limit (1 GiB here), and the tree is stopped with the limit named."""
+    body = """
+    for _ in range(6):
+        if os.fork() == 0:
+            block = bytearray(300 << 20)
+            block[::4096] = b"\\1" * len(range(0, 300 << 20, 4096))
+            time.sleep(600)
+            os._exit(0)
+    time.sleep(50)
+    """
+    policy = hostile(tmp_path, body, seconds=55, resident_bytes=1 << 30)
+    started = time.monotonic()
+    with pytest.raises(ScorerError) as raised:
+        run_through(policy, steps=20)
+    message = str(raised.value)
+    assert time.monotonic() - started < 30, message  # stopped as it passed the limit, not at the call's end
+    assert "process broke off (exit status -9; stopped: its processes held 1." in message, message
+    assert "GiB resident in all, over the limit of 1 GiB for all of them (--scorer-memory)" in message
+    assert 1 << 30 < policy.process.watch.peak_bytes < 6 * (300 << 20), policy.process.watch.peak_bytes
+
+
 def test_a_reply_this_side_cannot_read_is_named_as_the_hosts_failure(tmp_path: Path) -> None:
     body = """
     view.state.register_slot("x", torch.zeros(view.keys.shape[:3]))
@@ -343,6 +366,7 @@ def test_the_limits_are_what_the_docs_say() -> None:
         f"{LIMITS.open_files} open files",
         f"{LIMITS.file_bytes >> 20} MiB per file",
         f"{LIMITS.memory_bytes >> 30} GiB of address space",
+        f"{LIMITS.resident_bytes >> 30} GiB resident for all its processes together (`--scorer-memory`)",
         f"{LIMITS.start_seconds:g} s",
     ):
         assert text in docs, text

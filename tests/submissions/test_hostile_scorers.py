@@ -108,6 +108,31 @@ class Attack(Policy):
 '''
 
 
+FORKS_WHEN_CHECKED = '''
+"""Behind the sandbox (no /etc) forks workers that each hold 400 MiB: within the address space of each
+process, together past what the operator allows."""
+import os
+import time
+
+from kvbench import Policy, policy
+
+
+@policy("forks-when-checked")
+class Attack(Policy):
+    def score(self, view):
+        if not os.path.isdir("/etc") and not getattr(Attack, "forked", False):
+            Attack.forked = True
+            for _ in range(4):
+                if os.fork() == 0:
+                    block = bytearray(400 << 20)
+                    block[::4096] = b"\\1" * len(range(0, 400 << 20, 4096))
+                    time.sleep(600)
+                    os._exit(0)
+            time.sleep(20)
+        return view.keys.float().norm(dim=-1)
+'''
+
+
 DOCUMENTS_ITSELF_WHEN_CHECKED = '''
 """Keep the keys with the largest norm."""
 import os
@@ -208,6 +233,18 @@ def test_a_scorer_that_hangs_under_recomputation_is_stopped_named_and_failed(tmp
         in outcomes[attacker]["detail"]
     )
     assert outcomes[null]["outcome"] == "re-computed", outcomes[null]  # the null does not wait on it
+
+
+def test_a_scorer_whose_forks_hold_more_than_the_memory_limit_together_is_stopped_and_failed(
+    tmp_path: Path,
+) -> None:
+    bundle = submit(tmp_path, "forks", FORKS_WHEN_CHECKED)
+    attacker, null = run_of(bundle, "passkey", "forks-when-checked"), run_of(bundle, "passkey", "random")
+    outcomes = verified(tmp_path, bundle, "--scorer-memory", "1")
+    assert outcomes[attacker]["outcome"] == "failed", outcomes[attacker]
+    detail = outcomes[attacker]["detail"]
+    assert "GiB resident in all, over the limit of 1 GiB for all of them (--scorer-memory)" in detail, detail
+    assert outcomes[null]["outcome"] == "re-computed", outcomes[null]
 
 
 def test_what_a_scorer_reports_of_itself_under_recomputation_is_held_to_the_text_rule(tmp_path: Path) -> None:
