@@ -378,3 +378,86 @@ def test_text_from_a_bundle_is_shown_as_text_never_as_markup(
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "leaderboard-hostile-text.png"), full_page=True)
         page.context.close()
+
+
+FAILS_WHEN_CHECKED = '''"""Scores by key norm for its submitter; raises behind the sandbox (no /etc)."""
+import os
+
+from kvbench import EvictionView, Policy, policy
+
+
+@policy("fails-when-checked")
+class FailsWhenChecked(Policy):
+    def score(self, view: EvictionView):
+        if not os.path.isdir("/etc"):
+            raise RuntimeError("only on the submitter's machine")
+        return view.keys.float().norm(dim=-1)
+'''
+
+
+@pytest.fixture(scope="module")
+def waiting_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A board as an operator leaves it after docs/submissions.md's commands: Frank's bundle verified,
+    its scorer failing under re-computation (its null re-computed), and Pat's bundle accepted, not yet
+    verified."""
+
+    def build(root: Path) -> Path:
+        run = (
+            "run",
+            "--model",
+            "tiny-qwen3",
+            "--task",
+            "fidelity",
+            "--samples",
+            "1",
+            "--limit",
+            "2",
+            "--quiet",
+        )
+        for who, policy in (("Frank", "fails.py:FailsWhenChecked"), ("Pat", "snapkv")):
+            folder = root / who
+            folder.mkdir()
+            (folder / "fails.py").write_text(FAILS_WHEN_CHECKED)
+            done = kvbench(*run, "--policy", policy, cwd=folder)
+            assert done.returncode == 0, done.stdout + done.stderr
+            scorer = ("--scorer", "fails.py") if who == "Frank" else ()
+            done = kvbench("export", "bundle.tar.gz", *scorer, "--submitter", who, cwd=folder)
+            assert done.returncode == 0, done.stdout + done.stderr
+            done = kvbench("accept", str(folder / "bundle.tar.gz"), "--db", "board.duckdb", cwd=root)
+            assert done.returncode == 0, done.stdout + done.stderr
+        done = kvbench(
+            "verify", str(root / "Frank" / "bundle.tar.gz"), "--db", "board.duckdb", "--quiet", cwd=root
+        )
+        assert done.returncode == 1, done.stdout + done.stderr  # one run failed
+        return root / "board.snapshot.duckdb"
+
+    return built_once(tmp_path_factory, "waiting-board", build)
+
+
+@pytest.mark.slow
+def test_a_failed_run_and_a_pending_submission_show_no_score_and_are_named(
+    waiting_board: Path, browser: Browser, tmp_path: Path
+) -> None:
+    with serving(waiting_board, tmp_path, "--public") as url:
+        page = fresh_page(browser)
+        page.goto(url)
+        board = page.get_by_role("tabpanel", name="Leaderboard")
+        board.get_by_text("could not be re-computed here and never count").wait_for(timeout=90_000)
+        board.get_by_text("1 submission(s) wait for the maintainer").wait_for(timeout=30_000)
+        grids = board.get_by_test_id("stDataFrame")
+        grids.first.locator("[role=gridcell]").first.wait_for(state="attached", timeout=30_000)
+        texts = [grids.nth(i).text_content() or "" for i in range(grids.count())]
+        (failed,) = [t for t in texts if "only on the submitter's machine" in t]
+        assert "fails-when-checked" in failed and "RuntimeError" in failed, failed
+        (pending,) = [t for t in texts if "Pat" in t]
+        # its columns: submitter, bundle, accepted_at, pending, runs (snapkv, the null, the full cache)
+        assert pending.startswith("submitterbundleaccepted_atpendingrunsPat"), pending
+        assert pending.endswith("33"), pending
+        scored = [t for t in texts if "random" in t and t not in (failed, pending)]
+        assert scored, texts  # Frank's null, re-computed, is on the board
+        for text in scored:  # neither the failed policy nor Pat's unverified snapkv has a scored row
+            assert "fails-when-checked" not in text and "snapkv" not in text, text
+        assert board.locator("span.stMarkdownBadge").count() == 0  # no verdict: no policy is paired with it
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "leaderboard-waiting.png"), full_page=True)
+        page.context.close()
