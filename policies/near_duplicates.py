@@ -2,10 +2,11 @@
 n × n fp32 similarity matrix.
 
 For unit keys u and a row i, the answer is the newest j ≠ i with u_i·u_j > threshold. Comparing every pair
-is an n × n × D product per KV head; it is screened in bfloat16 instead, where a CPU with AMX (or a GPU)
-multiplies several times faster, and only the pairs the screen cannot settle are computed in fp32:
+is an n × n × D product per KV head; it is screened in the dtype the machine multiplies fastest
+(kvbench.core.hardware: bfloat16 where a CPU has AMX or AVX-512 BF16, or on a GPU; fp32 on a CPU that
+would emulate bf16), and only the pairs the screen cannot settle are computed one by one in fp32:
 
-- a bf16 similarity is within SCREEN_MARGIN of the fp32 one, so a pair screened at most
+- a screened similarity is within its dtype's SCREEN_MARGINS of the fp32 one, so a pair screened at most
   threshold − margin is not similar, and one above threshold + margin is;
 - the columns are searched from the newest block back, and a row stops at its first block with a match:
   on a language model's keys nearly every row finds one among the newest 256 (measured on SmolLM2-135M's
@@ -22,12 +23,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kvbench.core.hardware import screen_dtype
 from kvbench.policies.scoring import Scratch
 
-SCREEN_MARGIN = 1 / 32
-"""Above the largest gap between a bf16 product of unit vectors and the fp32 one: rounding each input to
-bf16 moves a product by at most 2·2⁻⁸ of Σ|u_i||u_j| ≤ 1, rounding the fp32 sum to bf16 by 2⁻⁸; 0.012
-in all (the fp32 accumulation adds ~1e-5). Tested on a million pairs."""
+SCREEN_MARGINS = {torch.bfloat16: 1 / 32, torch.float32: 1 / 4096}
+"""Above the largest gap between a screened product of unit vectors and the fp32 dot product. bf16:
+rounding each input to bf16 moves a product by at most 2·2⁻⁸ of Σ|u_i||u_j| ≤ 1, rounding the fp32 sum
+to bf16 by 2⁻⁸; 0.012 in all (the fp32 accumulation adds ~1e-5). fp32: only the order of summation
+differs, ~1e-6 at D = 128. Tested on a million pairs."""
+
+BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+"""The integers a screened product is compared as: a positive float orders as its bits do."""
 
 COLUMNS = 256
 """Columns per screened block."""
@@ -42,17 +48,21 @@ NEWEST_COLUMNS = 64
 """The newest columns, searched first for every row: on SmolLM2-135M's keys 64-99% of rows (by layer) find
 their match there, and only the rest search the older blocks."""
 
-_MASKED = -(2**15)  # the smallest int16: a bf16 -0.0, below every level compared with
+
+def _masked(screen: torch.dtype) -> int:
+    """The smallest integer of the screen's bits (a -0.0), below every level compared with."""
+    return torch.iinfo(BITS[screen]).min
 
 
 def newest_near_duplicates(
-    unit: Tensor, threshold: float, scratch: Scratch | None = None
+    unit: Tensor, threshold: float, scratch: Scratch | None = None, screen: torch.dtype | None = None
 ) -> tuple[Tensor, Tensor]:
     """[G, n] index of each row's newest other row with cosine > threshold (−1 where none), and [G, n]
     that cosine in fp32 (0 where none); unit [G, n, D] holds a few groups (KV heads of batch rows) at a
-    time, and ``scratch`` is reused from one call to the next."""
+    time, and ``scratch`` is reused from one call to the next. ``screen``: the screen's dtype (None: the
+    machine's choice, kvbench.core.hardware); the answer is the same in either."""
     scratch = scratch or Scratch()
-    search = _Search(unit, threshold, scratch)
+    search = _Search(unit, threshold, scratch, screen or screen_dtype(unit.device))
     n = unit.shape[1]
     # the newest columns first, for every row: a language model's keys mostly match there
     newest_start = max(0, n - NEWEST_COLUMNS // 4)
@@ -73,6 +83,13 @@ def newest_near_duplicates(
     return search.newest, search.similarity
 
 
+def screen_flops(n: int, dim: int) -> int:
+    """Multiply-adds × 2 of the symmetric screen over n keys of ``dim`` (one group), as _flagged_blocks
+    computes it: each strip of columns against the rows from its first on. Random keys, where no row finds
+    a match among the newest columns, take all of it."""
+    return sum(2 * (n - start) * min(STRIP, n - start) * dim for start in range(0, n, STRIP))
+
+
 def _flagged_blocks(coarse: Tensor, low: int, scratch: Scratch) -> Tensor:
     """[G, n, blocks] bool: whether a row's screened similarity to some other row exceeds ``low`` (bf16
     bits) in each block of COLUMNS columns, the last block possibly shorter. Strip by strip (STRIP): the
@@ -83,13 +100,14 @@ def _flagged_blocks(coarse: Tensor, low: int, scratch: Scratch) -> Tensor:
     groups, n, _ = coarse.shape
     flagged = torch.zeros(groups, n, -(-n // COLUMNS), dtype=torch.bool, device=coarse.device)
     space = scratch.take("products", (n * STRIP,), coarse.dtype, coarse.device)
+    masked = _masked(coarse.dtype)
     for group in range(groups):
         for start in range(0, n, STRIP):
             width = min(STRIP, n - start)
             products = space[: (n - start) * width].view(n - start, width)
             torch.mm(coarse[group, start:], coarse[group, start : start + width].mT, out=products)
-            bits = products.view(torch.int16)
-            bits.diagonal().fill_(_MASKED)  # else every row would search its own block
+            bits = products.view(BITS[coarse.dtype])
+            bits.diagonal().fill_(masked)  # else every row would search its own block
             if bool(bits.amax() <= low):
                 continue
             first = start // COLUMNS
@@ -140,15 +158,17 @@ def _compacted(searching: Tensor) -> _Rows:
 
 
 class _Search:
-    """One call's keys (fp32 and bf16), the screen's levels as bf16 bits, and what is found so far."""
+    """One call's keys (fp32, and in the screen's dtype), the screen's levels as its bits, and what is
+    found so far."""
 
-    def __init__(self, unit: Tensor, threshold: float, scratch: Scratch) -> None:
+    def __init__(self, unit: Tensor, threshold: float, scratch: Scratch, screen: torch.dtype) -> None:
         groups, n, dim = unit.shape
-        self.unit, self.threshold = unit, threshold
-        self.coarse = scratch.take("coarse", (groups, n, dim), torch.bfloat16, unit.device)
+        self.unit, self.threshold, self.bits = unit, threshold, BITS[screen]
+        self.coarse = scratch.take("coarse", (groups, n, dim), screen, unit.device)
         self.coarse.copy_(unit)
-        self.low = _level(threshold - SCREEN_MARGIN, below=True)
-        self.high = _level(threshold + SCREEN_MARGIN, below=False)
+        margin = SCREEN_MARGINS[screen]
+        self.low = _level(threshold - margin, screen, below=True)
+        self.high = _level(threshold + margin, screen, below=False)
         self.newest = torch.full((groups, n), -1, dtype=torch.long, device=unit.device)
         self.similarity = torch.zeros(groups, n, device=unit.device)
 
@@ -157,8 +177,8 @@ class _Search:
         if end <= start or not bool(searching.any()):
             return
         rows = _compacted(searching)
-        screen = torch.bmm(rows.of(self.coarse), self.coarse[:, start:end].mT).view(torch.int16)  # bf16 bits
-        screen[rows.own_column(start, end)] = _MASKED
+        screen = torch.bmm(rows.of(self.coarse), self.coarse[:, start:end].mT).view(self.bits)
+        screen[rows.own_column(start, end)] = torch.iinfo(self.bits).min
         flagged = (screen.amax(dim=-1) > self.low) & rows.real
         if not bool(flagged.any()):
             return
@@ -180,14 +200,15 @@ class _Search:
         return (self.unit[group, row] * self.unit[group, column]).sum(dim=-1)
 
 
-def _level(value: float, below: bool) -> int:
-    """``value`` as bf16 bits compared as int16, rounded outward so that the screen only errs by asking
-    for an exact check. Levels at or below zero (where negative bf16 bits order backwards) flag every pair
-    or settle none."""
+def _level(value: float, screen: torch.dtype, below: bool) -> int:
+    """``value`` as the screen dtype's bits compared as integers, rounded outward so that the screen only
+    errs by asking for an exact check. Levels at or below zero (where negative floats' bits order
+    backwards) flag every pair or settle none."""
+    integers = torch.iinfo(BITS[screen])
     if value <= 0:
-        return _MASKED if below else 2**15 - 1
-    bits = int(torch.tensor(value).bfloat16().view(torch.int16))
-    rounded = float(torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16))
+        return integers.min if below else integers.max
+    bits = int(torch.tensor(value, dtype=torch.float64).to(screen).view(BITS[screen]))
+    rounded = float(torch.tensor(bits, dtype=BITS[screen]).view(screen))
     if below and rounded > value:
         bits -= 1
     if not below and rounded < value:

@@ -17,12 +17,14 @@ from typing import Any
 
 import torch
 
+from kvbench.core.hardware import eviction_choices
+
 PACKAGES = ("torch", "transformers", "duckdb", "pyarrow", "numpy", "scipy", "pydantic")
 
 
-def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
+def describe_machine(device: str = "cpu") -> dict[str, Any]:
     """The CPU, torch's build and, for a CUDA device, the GPU that ran: name, count, driver, CUDA."""
-    info: dict[str, str | int | None] = {
+    info: dict[str, Any] = {
         "platform": platform.platform(),
         "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
         "cpu_vector_features": _vector_features(),
@@ -31,6 +33,7 @@ def describe_machine(device: str = "cpu") -> dict[str, str | int | None]:
         "torch_cuda": torch.version.cuda,
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "eviction_choices": eviction_choices(device),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         index = torch.device(device).index or 0

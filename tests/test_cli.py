@@ -102,6 +102,8 @@ def test_bench_evict_reports_ratios_to_random(tmp_path: Path) -> None:
         "32",
         "--min-time",
         "0.01",
+        "--keys",
+        "random",
         "--json",
         str(out),
     )
@@ -123,7 +125,7 @@ def test_bench_evict_times_the_retention_telemetry_on_and_off(tmp_path: Path) ->
     out = tmp_path / "bench.json"
     result = kvbench(
         *("bench", "evict", "--policy", "random", "--batch", "2", "--budget", "256", "--buffer", "32"),
-        *("--min-time", "0.01", "--telemetry-cost", "--json", str(out)),
+        *("--min-time", "0.01", "--telemetry-cost", "--keys", "random", "--json", str(out)),
     )
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(out.read_text())["results"]
@@ -136,7 +138,7 @@ def test_bench_evict_records_the_machine_of_the_device_it_timed_on(tmp_path: Pat
     out = tmp_path / "bench.json"
     result = kvbench(
         *("bench", "evict", "--policy", "random", "--batch", "1", "--budget", "64", "--buffer", "16"),
-        *("--min-time", "0.01", "--device", "cpu:0", "--json", str(out)),
+        *("--min-time", "0.01", "--device", "cpu:0", "--keys", "random", "--json", str(out)),
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["machine"]["device"] == "cpu:0"

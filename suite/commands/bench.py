@@ -38,6 +38,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also time every policy with the retention telemetry off, and report the ratio (on / off)",
     )
+    evict.add_argument(
+        "--keys",
+        choices=["random", "real"],
+        action="append",
+        help="time on random draws (the worst case of R-KV's search) or on keys the embedded model made on "
+        "a real trace (captured on first use, about a minute); repeatable (default: both)",
+    )
     evict.add_argument("--json", help="also write the results and the machine to this file")
     evict.set_defaults(func=bench_evict_command)
 
@@ -134,10 +141,17 @@ def _outputs(args: argparse.Namespace) -> None:
 def bench_evict_command(args: argparse.Namespace) -> int:
     import torch
 
-    from kvbench.bench.evict import bench_evict
+    from kvbench.bench.evict import bench_evict, beyond_goal
+    from kvbench.core.hardware import eviction_choices
     from kvbench.provenance import describe_machine
 
     _outputs(args)
+    choices = eviction_choices(args.device)
+    console.print(
+        f"R-KV's near-duplicate screen multiplies in {choices['near_duplicate_screen']}: "
+        f"{choices['near_duplicate_screen_why']}",
+        highlight=False,
+    )
     results = bench_evict(
         args.policy or None,
         batches=args.batch,
@@ -149,9 +163,15 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         layers=args.layers,
         device=args.device,
         telemetry_cost=args.telemetry_cost,
+        keys=args.keys or ("random", "real"),
+        said=lambda line: console.print(line, highlight=False),
     )
     timed_on = "one torch thread" if args.device == "cpu" else "CUDA events"
-    columns = ["policy", "batch", "ms / event", "× random", "copy floor ms", "× floor", "runs"]
+    kinds = list(dict.fromkeys(r.keys for r in results))
+    columns = ["policy", "batch"]
+    for kind in kinds:
+        columns += [f"{kind} keys ms", "× random"]
+    columns += ["copy floor ms", f"× floor ({kinds[0]} keys)" if kinds else "× floor", "runs"]
     columns += ["isolated / in process"] if args.isolated else []
     columns += ["telemetry on / off"] if args.telemetry_cost else []
     title = (
@@ -159,23 +179,38 @@ def bench_evict_command(args: argparse.Namespace) -> int:
         f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
     )
     table = measured_table(title, columns)
-    in_process = {(r.policy.removesuffix(" (in process)"), r.batch): r.ms_per_event for r in results}
-    for r in results:
-        apart = in_process.get((r.policy.removesuffix(" (isolated)"), r.batch))
-        isolation = [f"{r.ms_per_event / apart:.2f}" if r.policy.endswith(" (isolated)") and apart else ""]
-        cost = [f"{r.telemetry_ratio:.3f}"] if r.telemetry_ratio is not None else []
+    by = {(r.keys, r.policy, r.batch): r for r in results}
+    for policy, batch in dict.fromkeys((r.policy, r.batch) for r in results):
+        row = [by.get((kind, policy, batch)) for kind in kinds]
+        first = next(r for r in row if r is not None)
+        times = [
+            cell
+            for r in row
+            for cell in ((f"{r.ms_per_event:.2f}", f"{r.ratio_to_random:.2f}") if r else ("", ""))
+        ]
+        apart = by.get((first.keys, policy.removesuffix(" (isolated)") + " (in process)", batch))
+        isolation = (
+            f"{first.ms_per_event / apart.ms_per_event:.2f}"
+            if policy.endswith(" (isolated)") and apart
+            else ""
+        )
         table.add_row(
-            r.policy,
-            str(r.batch),
-            f"{r.ms_per_event:.2f}",
-            f"{r.ratio_to_random:.2f}",
-            f"{r.copy_floor_ms:.3f}",
-            f"{r.ms_per_event / r.copy_floor_ms:.2f}" if r.copy_floor_ms else "",
-            str(r.runs),
-            *(isolation if args.isolated else []),
-            *cost,
+            policy,
+            str(batch),
+            *times,
+            f"{first.copy_floor_ms:.3f}",
+            f"{first.ms_per_event / first.copy_floor_ms:.2f}" if first.copy_floor_ms else "",
+            "/".join(str(r.runs) for r in row if r),
+            *([isolation] if args.isolated else []),
+            *(
+                [f"{first.telemetry_ratio:.3f}" if first.telemetry_ratio is not None else ""]
+                if args.telemetry_cost
+                else []
+            ),
         )
     _report(table, describe_machine(args.device), results, args.json)
+    for line in beyond_goal(results, budget=args.budget, layers=args.layers):
+        console.print(line, highlight=False)
     return 0
 
 

@@ -92,7 +92,7 @@ def test_bench_evict_times_an_isolated_scorer_beside_in_process_and_exits_cleanl
     cleanly: the command exits 0 (tensors freed on a thread Python was finalizing once aborted it)."""
     (tmp_path / "mine.py").write_text(SCORER)
     out = tmp_path / "bench.json"
-    shape = ["--batch", "1", "--budget", "256", "--buffer", "32", "--min-time", "0.05"]
+    shape = ["--batch", "1", "--budget", "256", "--buffer", "32", "--min-time", "0.05", "--keys", "random"]
     done = subprocess.run(
         [KVBENCH, "bench", "evict", "--isolated", "mine.py:JitteredNorm", *shape, "--json", str(out)],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,

@@ -1,5 +1,6 @@
 """R-KV's near-duplicate search (kvbench.policies.near_duplicates) against the whole fp32 cosine matrix:
-the same newest match for every row, whichever path the screen takes."""
+the same newest match for every row, whichever path the screen takes and whichever dtype it screens in
+(the machine's choice, kvbench.core.hardware: bf16 or fp32)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kvbench.core import hardware
 from kvbench.policies.near_duplicates import (
     COLUMNS,
     NEWEST_COLUMNS,
-    SCREEN_MARGIN,
+    SCREEN_MARGINS,
     STRIP,
     newest_near_duplicates,
 )
+from kvbench.policies.rkv_official import thresholded_redundancy
+
+
+@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16-screen", "fp32-screen"], autouse=True)
+def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> torch.dtype:
+    """Every test here runs with each screen dtype, as each kind of machine chooses it."""
+    name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[request.param]
+    monkeypatch.setenv(hardware.FORCE_SCREEN, name)
+    hardware._screen.cache_clear()
+    yield request.param
+    hardware._screen.cache_clear()
 
 
 def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -26,7 +39,7 @@ def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def searched(unit: torch.Tensor, threshold: float) -> torch.Tensor:
     """The search's newest matches, after checking the cosines it returns with them."""
-    newest, similarity = newest_near_duplicates(unit, threshold)
+    newest, similarity = newest_near_duplicates(unit, threshold)  # in the dtype the fixture sets
     found = newest >= 0
     expected = (unit * unit.gather(1, newest.clamp(min=0)[..., None].expand_as(unit))).sum(-1)
     assert torch.allclose(similarity[found], expected[found], atol=1e-6)
@@ -95,10 +108,26 @@ def test_exact_duplicates_and_zero_keys() -> None:
 
 
 @pytest.mark.parametrize("dim", [4, 64, 128])
-def test_the_bf16_screen_stays_within_its_margin(dim: int) -> None:
-    """The screen's guarantee: a bf16 product of unit vectors is within SCREEN_MARGIN of the fp32 one."""
+def test_the_screen_stays_within_its_margin(dim: int, screen: torch.dtype) -> None:
+    """The screen's guarantee: a product of unit vectors in the screen's dtype is within its margin of the
+    exact one."""
     gen = torch.Generator().manual_seed(dim)
     shared = torch.randn(dim, generator=gen)
     unit = F.normalize(torch.randn(4, 1000, dim, generator=gen) + shared, dim=-1)
-    coarse = (unit.bfloat16() @ unit.bfloat16().mT).float()
-    assert float((coarse - unit @ unit.mT).abs().max()) < SCREEN_MARGIN / 2
+    coarse = (unit.to(screen) @ unit.to(screen).mT).double()
+    assert float((coarse - unit.double() @ unit.double().mT).abs().max()) < SCREEN_MARGINS[screen] / 2
+
+
+def test_the_machines_choice_never_changes_what_rkv_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-KV's redundancy, as its policy computes it, with the screen in bf16 and in fp32: equal."""
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.linspace(0, 2, 1500)[:, None] * torch.randn(64, generator=gen)
+    keys = torch.randn(2, 3, 1500, 64, generator=gen) + shared
+    keys[:, :, 700:760] = keys[:, :, 100:160] + 1e-3 * torch.randn(2, 3, 60, 64, generator=gen)
+    found = {}
+    for name in ("bfloat16", "float32"):
+        monkeypatch.setenv(hardware.FORCE_SCREEN, name)
+        hardware._screen.cache_clear()
+        found[name] = thresholded_redundancy(keys, 0.5)
+    assert torch.equal(found["bfloat16"], found["float32"])
+    assert float(found["float32"].std()) > 0  # it found different redundancy on different keys
