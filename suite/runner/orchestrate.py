@@ -33,6 +33,7 @@ from kvbench.runner.cell import Cell
 from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.memory import ArmPlan, MemoryLimits, MemoryPlan, plan_memory
+from kvbench.runner.paces import machine_key, record, stored
 from kvbench.specs.resolved import ResolvedSpec
 from kvbench.store.manifest import RunManifest
 from kvbench.store.shards import ShardStore, read_records
@@ -69,11 +70,14 @@ def run_cells(
     only: Mapping[str, Collection[str]] | None = None,
     memory: MemoryLimits | None = None,
     show_plan: Callable[[MemoryPlan], None] | None = None,
+    say: Callable[[str], object] = print,
 ) -> Completed:
     """Run every cell on ``executor`` (default: this process), one model at a time; skip stored problems.
 
     Cells whose K follows the full cache's measured N_avg run after the full arm of their model and task.
     ``only`` (run id -> problem ids) runs just those problems of a cell: `kvbench verify`'s subset.
+    Before a model's first unit, ``say`` gets the plan's line (the units, and the time they will take
+    here by earlier runs' paces) and a line for each --limit beyond what a task holds.
     Each model's generation cells are planned against the device's memory before their first token
     (kvbench.runner.memory, bounded by ``memory``); ``show_plan`` sees a plan that bounds anything.
     """
@@ -82,7 +86,7 @@ def run_cells(
         from kvbench.runner.execute import LocalExecutor
 
         executor = LocalExecutor(progress=progress)
-    run = _Run(executor, out, only or {}, progress, memory or MemoryLimits(), show_plan)
+    run = _Run(executor, out, only or {}, progress, memory or MemoryLimits(), show_plan, say)
     ran: dict[str, Cell] = {}
     try:
         for key in dict.fromkeys((c.model, c.runtime) for c in cells):
@@ -110,16 +114,23 @@ class _Run:
     progress: bool
     memory: MemoryLimits = field(default_factory=MemoryLimits)
     show_plan: Callable[[MemoryPlan], None] | None = None
+    say: Callable[[str], object] = print
     timings: Timings = field(default_factory=Timings)
     lines: bool = False
     eta: Eta = field(default_factory=lambda: Eta([]))
     computing: float = 0.0
     """Wall seconds this model's units have taken so far: the ETA's scale from unit seconds to wall."""
+    planned: bool = False
+    """Whether this model's plan line was said."""
+    finished: list[tuple[str, bool, float, float]] = field(default_factory=list)
+    """This model's finished units (task, evicts, seconds, tokens), for the paces kept between runs."""
 
     def model(self, cells: list[Cell]) -> dict[str, Cell]:
         """One model's cells, ready ones first, then settled ones; planned run id -> the cell as it ran."""
         prepared = self.executor.prepare(cells)
         self.timings.model_load += prepared.load_seconds
+        for line in _limit_notes(cells, prepared):
+            self.say(line)
         ready = [c for c in cells if c.pending is None]
         plan = self._plan(ready, prepared)
         # the description names a model, a task and a label, which a bundle's spec chooses (`kvbench
@@ -132,23 +143,46 @@ class _Run:
         with Progress(*columns, _Countdown(), disable=not shown_at_all, transient=True) as bar:
             chosen = [(c, self._chosen(c, prepared)) for c in cells]
             # every unit of the model, the pending cells' too (they run after their full arms)
-            self.eta = Eta([_kind(Unit(c, p)) for c, problems in chosen for p in problems])
-            self.computing = 0.0
+            machine, model = machine_key(cells[0].runtime.device), cells[0].model.name
+            prior = stored(machine, model)
+            self.eta = Eta([_kind(Unit(c, p)) for c, problems in chosen for p in problems], prior)
+            self.computing, self.planned, self.finished = 0.0, False, []
             total = sum(len(problems) for _, problems in chosen)
             shown = (bar, bar.add_task(printable(cells[0].model.name), total=total, finish=None))
-            failures = self._units(ready, prepared, plan, *shown)
+            try:
+                failures = self._units(ready, prepared, plan, *shown)
+            finally:
+                record(machine, model, self.finished)
+                self.finished = []
             as_ran = settle_all(cells, self.out, prepared.problems)
             settled = [after for before, after in zip(cells, as_ran, strict=True) if before.pending]
             if settled:
                 # the settled budgets against the prompts and the memory; settled cells have their own ids
                 again = self.executor.prepare(settled)
-                failures += self._units(settled, again, self._plan(settled, again), *shown)
+                try:
+                    failures += self._units(settled, again, self._plan(settled, again), *shown)
+                finally:
+                    record(machine, model, self.finished)
         if failures:
             raise KvbenchError(
                 f"{len(failures)} unit(s) failed; the stored ones are kept and a rerun computes only what is "
                 "missing:\n  " + "\n  ".join(failures[:20])
             )
         return {before.run_id: after for before, after in zip(cells, as_ran, strict=True)}
+
+    def _plan_line(self, model: str, stored_units: int) -> str:
+        """The units left to compute and, by earlier runs' paces on this machine, their time."""
+        left = sum(count for count in self.eta.pending.values() if count > 0)
+        head = f"plan: {left} unit(s) of {model} to compute ({stored_units} stored)"
+        seconds = self.eta.left()
+        if left == 0:
+            return f"{head}: nothing to compute"
+        if seconds is None:
+            return (
+                f"{head}; no earlier run of {model} on this machine to time them by: the time left shows "
+                "once the first unit ends"
+            )
+        return f"{head}: about {_clock(seconds)} on this machine, by earlier runs' paces here"
 
     def _chosen(self, cell: Cell, prepared: Prepared) -> list[str]:
         chosen = self.only.get(cell.run_id)
@@ -190,12 +224,17 @@ class _Run:
             for i, problem in enumerate(prepared.problems[cell.run_id])
         }
         units.sort(key=lambda unit: order[unit.cell.task.name, unit.problem_id])
+        if not self.planned:
+            self.planned = True
+            self.say(self._plan_line(cells[0].model.name if cells else "", timings.reused))
         began, computing = time.perf_counter(), self.computing
         for result in self.executor.run(units, lambda text: bar.update(task, description=printable(text))):
             cell, problem_id = result.unit.cell, result.unit.problem_id
             self.computing = computing + time.perf_counter() - began
             if result.error is None:
-                self.eta.finished(_kind(result.unit), result.seconds)
+                kind = _kind(result.unit)
+                self.eta.finished(kind, result.seconds)
+                self.finished.append((kind.task, kind.evicts, result.seconds, kind.tokens))
             else:
                 self.eta.skipped(_kind(result.unit))
             # in wall seconds: executors may run several units at once
@@ -214,6 +253,26 @@ class _Run:
             timings.eviction += result.eviction
             timings.calibration += result.calibration
         return failures
+
+
+def _limit_notes(cells: Sequence[Cell], prepared: Prepared) -> list[str]:
+    """A line per task whose --limit asks for more problems than it holds (all it holds run), or more than
+    a probe declares (the probe makes the rest)."""
+    notes = {}
+    for cell in cells:
+        held, limit, task = len(prepared.problems[cell.run_id]), cell.limit, cell.task
+        if limit is None or (task.name, limit) in notes:
+            continue
+        if task.source.kind == "probe" and limit > task.probe.problems:
+            notes[task.name, limit] = (
+                f"--limit {limit}: task {task.name} is a probe of {task.probe.problems} problems; it makes "
+                f"{limit - task.probe.problems} more, each seeded by its index"
+            )
+        elif held < limit:
+            notes[task.name, limit] = (
+                f"--limit {limit}: task {task.name} holds {held} problems, all of which run"
+            )
+    return list(notes.values())
 
 
 def other_limits(out: Path, spec: ResolvedSpec) -> list[ShardStore]:

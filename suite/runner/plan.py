@@ -135,6 +135,27 @@ def _budgets(
     return budgets
 
 
+PROBE_PROBLEMS_AT_MOST = 1000
+"""The most problems a --limit may ask of a probe: a probe makes as many as asked (problem i seeded by its
+index), and each costs its filler's tokenization before the first token."""
+
+
+def refuse_probe_limit(task: TaskSpec, limit: int | None) -> None:
+    """A --limit that would make a probe generate more than PROBE_PROBLEMS_AT_MOST problems, refused before
+    any is made."""
+    if (
+        limit is None
+        or task.source.kind != "probe"
+        or limit <= max(task.probe.problems, PROBE_PROBLEMS_AT_MOST)
+    ):
+        return
+    raise SpecError(
+        f"--limit {limit}: task {task.name!r} is a probe of {task.probe.problems} problems; a larger --limit "
+        f"makes more (each seeded by its index), up to {PROBE_PROBLEMS_AT_MOST}: give a --limit of at most "
+        f"{max(task.probe.problems, PROBE_PROBLEMS_AT_MOST)}"
+    )
+
+
 def _tasks(request: RunRequest, suite: SuiteSpec) -> list[TaskSpec]:
     """The request's tasks (else the suite's), its flags applied and checked as the task fields they set."""
     tasks = [resolved_task(load_task(t)) for t in (request.tasks or suite.tasks)]
@@ -143,6 +164,9 @@ def _tasks(request: RunRequest, suite: SuiteSpec) -> list[TaskSpec]:
         for name, members in suite.groups.items():
             refuse_mixed_pool(f"suite {suite.name!r}, group {name!r},", {t: metrics[t] for t in members})
     check_code_execution(tasks, request.allow_code_execution)
+    limit = request.limit if request.limit is not None else suite.limit
+    for task in tasks:
+        refuse_probe_limit(task, limit)
     if request.max_new_tokens is not None:
         flags = {"max_new_tokens": "--max-new-tokens"}
         tasks = [with_overrides(t, {"max_new_tokens": request.max_new_tokens}, flags) for t in tasks]

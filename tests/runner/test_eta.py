@@ -60,3 +60,21 @@ def test_a_unit_not_planned_leaves_the_others_as_they_were() -> None:
     assert eta.left() == pytest.approx(4.0)
     eta.skipped(FIDELITY_FULL)
     assert eta.left() == 0.0
+
+
+def test_before_any_unit_finishes_earlier_runs_paces_give_the_time() -> None:
+    """Stored: an evicting passkey unit took 100 s for 1024 tokens and a full fidelity unit 5 s for 512. A
+    run of 2 evicting passkey units, 1 full fidelity unit and 1 evicting fidelity unit (no pace of its own:
+    the evicting arms' stored 100 s per 1024 tokens, 50 s for 512) is 200 + 5 + 50 s before it starts."""
+    prior = {("passkey", True): (100.0, 1024.0), ("fidelity", False): (5.0, 512.0)}
+    eta = Eta([PASSKEY_EVICTING] * 2 + [FIDELITY_FULL, FIDELITY_EVICTING], prior)
+    assert eta.from_prior()
+    assert eta.left() == pytest.approx(255.0)
+    eta.finished(PASSKEY_EVICTING, 60.0)  # this run's own pace replaces the stored one for its kind
+    assert not eta.from_prior()
+    assert eta.left() == pytest.approx(60.0 + 5.0 + 30.0)
+
+
+def test_a_kind_with_no_pace_here_or_stored_leaves_the_time_unknown() -> None:
+    eta = Eta([PASSKEY_EVICTING, FIDELITY_FULL], {("passkey", True): (100.0, 0.0)})
+    assert eta.left() is None  # the full arm has no pace, and the stored one has no tokens to scale by
