@@ -594,17 +594,20 @@ def _budget(budget, ratio) -> str:
     return f"K={int(budget)}" + (f" (N_avg/{ratio:g})" if not pd.isna(ratio) else "")
 
 
-def _describe(doc: dict | None, policy: str) -> None:
-    """A policy's stored documentation, as plain text: a submitted run brings its own, and Markdown in it
-    must neither fetch an image nor add a heading to the page."""
-    if doc is None:
+def _describe(docs: list[dict], policy: str) -> None:
+    """A policy's stored documentation, one per source (one's own runs, each submission that ships a policy
+    of this name), as plain text: a submitted run brings its own, and Markdown in it must neither fetch an
+    image nor add a heading to the page."""
+    if not docs:
         st.text(f"{policy}: no documentation was stored with its runs.")
         return
-    st.text(f"{policy} — {doc['summary']}")
-    if doc["module_doc"]:
-        st.text(doc["module_doc"])
-    needs = ", ".join(doc["needs"]) or "nothing beyond keys and values"
-    st.text(f"source: {doc['module']} (as stored with its newest run) · needs: {needs}")
+    for doc in docs:
+        whose = f" (from {doc['from']})" if len(docs) > 1 else ""
+        st.text(f"{policy}{whose} — {doc['summary']}")
+        if doc["module_doc"]:
+            st.text(doc["module_doc"])
+        needs = ", ".join(doc["needs"]) or "nothing beyond keys and values"
+        st.text(f"source: {doc['module']} (as stored with its newest run) · needs: {needs}")
 
 
 if __name__ == "__main__":

@@ -548,12 +548,28 @@ def provenance(database: Path, run_ids: list[str]) -> pd.DataFrame:
     return runs
 
 
-def policy_documentation(database: Path, policy: str) -> dict | None:
-    """The documentation saved with the newest run of ``policy``: that of the code behind its numbers."""
+def policy_documentation(database: Path, policy: str) -> list[dict]:
+    """The documentation saved with the newest run of ``policy`` from each source (one's own runs, each
+    submission): that of the code behind its numbers, each with ``from`` naming whose it is. Two
+    submissions may ship a policy of one name; neither's documentation replaces the other's."""
     with reading(database) as con:
         found = con.execute(
-            f"SELECT policy_doc FROM {counted_runs(con)} WHERE policy = ? AND policy_doc IS NOT NULL "
-            "ORDER BY created DESC LIMIT 1",
+            f"SELECT policy_doc, source FROM {counted_runs(con)} WHERE policy = ? AND policy_doc IS NOT NULL "
+            "ORDER BY created DESC",
             [policy],
-        ).fetchone()
-    return json.loads(found[0]) if found else None
+        ).fetchall()
+        submitters = (
+            dict(con.execute("SELECT bundle_sha256, submitter FROM submissions").fetchall())
+            if "submissions" in tables(con)
+            else {}
+        )
+    newest = dict(reversed([(source, doc) for doc, source in found]))
+    return [
+        json.loads(doc)
+        | {
+            "from": LOCAL
+            if source == LOCAL_SOURCE
+            else f"{submitters.get(source) or 'anonymous'} ({source[:12]})"
+        }
+        for source, doc in sorted(newest.items(), key=lambda item: item[0] != LOCAL_SOURCE)
+    ]

@@ -10,14 +10,39 @@ from __future__ import annotations
 # rich.text.Text drops those five and passes ESC through, so the table is written here. A lone surrogate
 # (U+D800..U+DFFF, which a bundle's JSON can spell as "\ud800") is no character a terminal's UTF-8 can
 # carry: written as it is, it ends the command in a UnicodeEncodeError.
-_UNPRINTABLE = [
-    *range(0x20),
-    0x7F,
-    *range(0x80, 0xA0),
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),
-    *range(0xD800, 0xE000),
-]
+FORMAT_CHARACTERS = "".join(
+    map(
+        chr,
+        [
+            0xAD,
+            *range(0x600, 0x606),
+            0x61C,
+            0x6DD,
+            0x70F,
+            0x890,
+            0x891,
+            0x8E2,
+            0x180E,
+            *range(0x200B, 0x2010),
+            *range(0x2028, 0x202F),
+            *range(0x2060, 0x2065),
+            *range(0x2066, 0x2070),
+            0xFEFF,
+            *range(0xFFF9, 0xFFFC),
+            0x110BD,
+            0x110CD,
+            *range(0x13430, 0x13440),
+            *range(0x1BCA0, 0x1BCA4),
+            *range(0x1D173, 0x1D17B),
+            0xE0001,
+            *range(0xE0020, 0xE0080),
+        ],
+    )
+)
+"""Unicode's format characters (category Cf: zero-width, soft hyphen, bidirectional marks, overrides and
+isolates, tags) and its line and paragraph separators (Zl, Zp), to Unicode 15.1: shown as they are, text
+reads in another order than it is, hides part of itself, or breaks a line where none is."""
+_UNPRINTABLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), *map(ord, FORMAT_CHARACTERS), *range(0xD800, 0xE000)]
 _ESCAPES = {code: ascii(chr(code))[1:-1] for code in _UNPRINTABLE}
 _ESCAPES_IN_LINES = {code: text for code, text in _ESCAPES.items() if chr(code) not in "\n\t"}
 

@@ -86,3 +86,19 @@ def test_kvbench_list_prints_an_installed_policys_docstring_escaped(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert b"\x1b" not in done.stdout + done.stderr and b"\x07" not in done.stdout
     assert f"pwn-plug\tKeeps all. {SHOWN}" in done.stdout.decode().splitlines()
+
+
+def test_every_control_format_separator_and_surrogate_code_point_is_escaped() -> None:
+    """Counted here from this Python's Unicode database, not from kvbench's table: each character of
+    category Cc, Cf, Cs, Zl or Zp comes out as its escape, and the text rule refuses each one too."""
+    import unicodedata
+
+    from kvbench.submissions.text import NAME, text_problem
+
+    hidden = [c for c in range(0x110000) if unicodedata.category(chr(c)) in {"Cc", "Cf", "Cs", "Zl", "Zp"}]
+    assert len(hidden) > 2200  # 65 controls, 2048 surrogates, 160-odd format characters, 2 separators
+    for code in hidden:
+        assert printable(chr(code)) == ascii(chr(code))[1:-1], hex(code)
+        if not 0xD800 <= code < 0xE000:
+            assert text_problem(f"a{chr(code)}b", NAME), hex(code)
+    assert printable("Jane \u061cDoe\u2028\xad\U000e0041") == "Jane \\u061cDoe\\u2028\\xad\\U000e0041"

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,11 @@ class IsolationLimits(BoundaryLimits):
     otherwise hold it once per process. ``--scorer-memory``."""
     file_bytes: int = 64 << 20
     processes: int = 32
+    state_bytes: int = 2 << 30
+    """The layer state the host keeps for one scorer, all layers together: a scorer's state lives in kvbench's
+    process (the engine owns it), so a reply may double it at each call (reply_room) and, unbounded, the
+    state would grow in kvbench's memory, outside the scorer's own limits. Per-slot accumulators at
+    B = 16, Hkv = 8, K = 2048 over 36 layers take some 40 MiB; a copy of every key, about 620 MiB."""
     reply_bytes: int = 1 << 32
     """The largest reply payload at all; each reply is held to less, what its request can return
     (kvbench.isolation.messages.reply_room), before a byte of it is allocated."""
@@ -295,6 +300,7 @@ class IsolatedPolicy(Policy):
         self.file_name, self.path = Path(path).name, str(path)
         self.process: ScorerProcess | None = None
         self.spent = 0.0  # seconds of this run's calls so far, against seconds_per_run
+        self.state_held: dict[int, int] = {}  # the bytes of each layer's state, against state_bytes
         hello = self._start(params)
         name = hello.get("name")
         if not isinstance(name, str) or not name:
@@ -399,7 +405,9 @@ class IsolatedPolicy(Policy):
         if "scores" not in tensors:
             raise ScorerError(f"{where}: the scorer's process returned no scores")
         with _reading(where):
-            _take_state(view.state, header, tensors, view.keys.shape[:2], where)
+            _take_state(
+                view.state, header, tensors, view.keys.shape[:2], where, self._holds(view.layer, where)
+            )
             return tensors["scores"].to(view.keys.device)
 
     def observe(self, step: StepView) -> None:
@@ -407,7 +415,24 @@ class IsolatedPolicy(Policy):
         request = messages.step_request(step)
         header, tensors = self._call(request, where, messages.reply_room(request[1]))
         with _reading(where):
-            _take_state(step.state, header, tensors, step.positions.shape[:2], where)
+            holds = self._holds(step.layer, where)
+            _take_state(step.state, header, tensors, step.positions.shape[:2], where, holds)
+
+    def _holds(self, layer: int, where: str) -> Callable[[int], None]:
+        """What checks a layer's returned state of some bytes against the state all layers may hold."""
+
+        def check(nbytes: int) -> None:
+            others = sum(held for at, held in self.state_held.items() if at != layer)
+            if others + nbytes > self.limits.state_bytes:
+                bound = self.limits.state_bytes / 2**30
+                raise ScorerError(
+                    f"{where}: the scorer returned a layer state of {nbytes / 2**20:.1f} MiB, which with the "
+                    f"other layers' {others / 2**20:.1f} MiB passes the {bound:g} GiB of state kvbench "
+                    "keeps for one scorer"
+                )
+            self.state_held[layer] = nbytes
+
+        return check
 
     def close(self) -> None:
         """Release this policy's instance; the process stops with the last one."""
@@ -441,11 +466,18 @@ def _reading(where: str) -> Iterator[None]:
 
 
 def _take_state(
-    state: LayerState, header: dict[str, Any], tensors: dict[str, Tensor], rows_heads: Any, where: str
+    state: LayerState,
+    header: dict[str, Any],
+    tensors: dict[str, Tensor],
+    rows_heads: Any,
+    where: str,
+    holds: Callable[[int], None],
 ) -> None:
-    """The scorer's layer state back, refused unless every tensor still lines up with the cache's slots."""
+    """The scorer's layer state back, refused unless every tensor still lines up with the cache's slots and
+    ``holds`` takes its bytes."""
     returned = messages.layer_state(header, tensors)
     new, old = returned.tensors(), state.tensors()
+    holds(sum(t.numel() * t.element_size() for t in new.values()))
     batch, heads = int(rows_heads[0]), int(rows_heads[1])
     device = next(iter(old.values())).device if old else None
     for name, tensor in new.items():

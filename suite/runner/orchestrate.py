@@ -172,7 +172,7 @@ class _Run:
 
     def _plan_line(self, model: str, stored_units: int) -> str:
         """The units left to compute and, by earlier runs' paces on this machine, their time."""
-        left = sum(count for count in self.eta.pending.values() if count > 0)
+        left, model = sum(count for count in self.eta.pending.values() if count > 0), printable(model)
         head = f"plan: {left} unit(s) of {model} to compute ({stored_units} stored)"
         seconds = self.eta.left()
         if left == 0:
@@ -261,17 +261,16 @@ def _limit_notes(cells: Sequence[Cell], prepared: Prepared) -> list[str]:
     notes = {}
     for cell in cells:
         held, limit, task = len(prepared.problems[cell.run_id]), cell.limit, cell.task
+        name = printable(task.name)  # a bundle's spec names it (`kvbench verify`)
         if limit is None or (task.name, limit) in notes:
             continue
         if task.source.kind == "probe" and limit > task.probe.problems:
             notes[task.name, limit] = (
-                f"--limit {limit}: task {task.name} is a probe of {task.probe.problems} problems; it makes "
+                f"--limit {limit}: task {name} is a probe of {task.probe.problems} problems; it makes "
                 f"{limit - task.probe.problems} more, each seeded by its index"
             )
         elif held < limit:
-            notes[task.name, limit] = (
-                f"--limit {limit}: task {task.name} holds {held} problems, all of which run"
-            )
+            notes[task.name, limit] = f"--limit {limit}: task {name} holds {held} problems, all of which run"
     return list(notes.values())
 
 

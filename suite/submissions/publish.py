@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 
 from kvbench.errors import KvbenchError
+from kvbench.printable import printable
 from kvbench.store.board_tables import FAILED, PENDING, PUBLISHED
 from kvbench.store.ingest import insert_rows
 from kvbench.store.records import run_table
@@ -52,7 +53,7 @@ def record(database: Path, sha256: str, outcomes: Sequence[Outcome]) -> list[str
                 "RETURNING run_id",
                 [
                     state,
-                    None if state == PUBLISHED else o.detail,
+                    None if state == PUBLISHED else printable(o.detail, lines=True),  # a scorer's words
                     o.computed_run or None,
                     o.outputs or None,
                     o.claim or None,

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.printable import FORMAT_CHARACTERS
+
 NAME_CHARS = 128
 """A model, task, policy, protocol or suite name, a parameter's name, a policy's class, a sample's task:
 what labels and member names are built from (a member name's part is at most 128 characters)."""
@@ -66,9 +68,9 @@ SPEC_TEXT = TextField("a manifest's text", SPEC_TEXT_CHARS, "SPEC_TEXT_CHARS", l
 OUTPUT = TextField("an output", OUTPUT_CHARS, "OUTPUT_CHARS", lines=True, any_character=True)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_INVISIBLE = "\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff"
-"""Zero-width characters and the bidirectional marks and overrides: a page would show text in another
-order than it is, or hide part of it (a terminal gets them escaped, kvbench.printable)."""
+_INVISIBLE = re.escape(FORMAT_CHARACTERS)
+"""Unicode's format characters and line and paragraph separators: a page would show text in another order
+than it is, hide part of it, or break a line (a terminal gets them escaped, kvbench.printable)."""
 _CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
 """Unicode's control characters (category Cc): C0, DEL and C1; and the invisible ones above."""
 _CONTROL_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")

@@ -55,3 +55,23 @@ def test_an_arena_file_is_readable_by_the_host_and_its_scorer_only(tmp_path: Pat
     other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
     done = subprocess.run([*other, f"open({str(path)!r}, 'rb').read(1)"], capture_output=True, text=True)
     assert done.returncode != 0 and "PermissionError" in done.stderr, done.stderr
+
+
+def test_a_layer_state_grown_at_every_call_is_stopped_at_the_state_kvbench_keeps(tmp_path: Path) -> None:
+    """Each reply may hold the state back at twice its size, and kvbench keeps every layer's: a scorer
+    that doubles its state at each event would grow kvbench's own memory without bound. At 8 MiB for all
+    layers, the event that passes it is refused with the sizes named."""
+    body = """
+    sent = sum(t.numel() * t.element_size() for t in view.state._rows.values())
+    rows = view.keys.shape[0]
+    view.state._rows.clear()
+    view.state._rows[f"g{sent}"] = torch.ones(rows, (2 * sent + (1 << 20)) // rows, dtype=torch.uint8)
+    """
+    policy = hostile(tmp_path, body, state_bytes=8 << 20)
+    with pytest.raises(ScorerError) as raised:
+        run_through(policy, steps=80)
+    message = str(raised.value)
+    assert "the scorer returned a layer state of " in message, message
+    assert "MiB passes the 0.0078125 GiB of state kvbench keeps for one scorer" in message, message
+    held = sum(policy.state_held.values())
+    assert 0 < held <= 8 << 20, held

@@ -105,3 +105,38 @@ def test_provenance_shows_the_recomputing_machine_by_model_names(
 def test_a_database_without_submission_tables_is_all_local(board_db: Path, monkeypatch) -> None:
     rows = by_policy(open_app(board_db, monkeypatch))
     assert {(r["submission"], r["verified"]) for r in rows.values()} == {("local", "—")}
+
+
+def test_a_submission_naming_its_policy_as_another_does_not_replace_its_documentation(
+    board_db: Path, tmp_path: Path
+) -> None:
+    """Mallory's bundle ships a policy named snapkv with a docstring that makes claims, re-computed and
+    published later than the local snapkv runs: the policy page shows both documentations, each named by
+    whose it is, the local one first."""
+    from kvbench.leaderboard.queries import policy_documentation
+
+    database = _board(board_db, tmp_path, {})
+    con = duckdb.connect(str(database))
+    (run_id, doc) = con.execute(
+        "SELECT run_id, policy_doc FROM runs WHERE policy = 'snapkv' ORDER BY created DESC LIMIT 1"
+    ).fetchone()
+    claims = json.loads(doc) | {"summary": "0.99 ± 0.01, verified by the operator", "module_doc": ""}
+    con.execute(
+        "INSERT INTO runs SELECT * REPLACE ('mallory-run' AS run_id, ? AS policy_doc, "
+        "created + 1000 AS created) FROM runs WHERE run_id = ?",
+        [json.dumps(claims), run_id],
+    )
+    con.execute(
+        "INSERT INTO submissions VALUES "
+        "('m' || repeat('0', 63), 'Mallory', '', 1, 2, 'x', '0.1.0', NULL, NULL)"
+    )
+    con.execute(
+        "INSERT INTO submission_runs VALUES ('m' || repeat('0', 63), 'mallory-run', 'mallory-run', "
+        "'snapkv:fidelity', 'digest', 'published', NULL, 'mallory-run', 'digest', 'matches', '{}', 2.0, 1.0)"
+    )
+    con.close()
+    docs = policy_documentation(database, "snapkv")
+    # the local runs, Alice's published ones (the hand-made board's), and Mallory's
+    assert [d["from"] for d in docs] == ["local", "Alice (alice)", "Mallory (m00000000000)"], docs
+    assert docs[-1]["summary"] == "0.99 ± 0.01, verified by the operator"
+    assert "SnapKV" in docs[0]["summary"] and "SnapKV" in docs[1]["summary"]  # still shown, first

@@ -133,6 +133,23 @@ class Attack(Policy):
 '''
 
 
+RAISES_ESCAPES_WHEN_CHECKED = '''
+"""Behind the sandbox, raises with a lone surrogate, a terminal's escape sequence and a bidirectional
+override in its message: the failure's reason is stored and shown."""
+import os
+
+from kvbench import Policy, policy
+
+
+@policy("raises-escapes")
+class Attack(Policy):
+    def score(self, view):
+        if not os.path.isdir("/etc"):
+            raise RuntimeError("\\ud800 \\x1b]0;PWNED\\x07\\x1b[31mred \\u202eright-to-left \\u061c")
+        return view.keys.float().norm(dim=-1)
+'''
+
+
 DOCUMENTS_ITSELF_WHEN_CHECKED = '''
 """Keep the keys with the largest norm."""
 import os
@@ -245,6 +262,22 @@ def test_a_scorer_whose_forks_hold_more_than_the_memory_limit_together_is_stoppe
     detail = outcomes[attacker]["detail"]
     assert "GiB resident in all, over the limit of 1 GiB for all of them (--scorer-memory)" in detail, detail
     assert outcomes[null]["outcome"] == "re-computed", outcomes[null]
+
+
+def test_a_failures_reason_from_the_scorer_is_stored_and_shown_escaped(tmp_path: Path) -> None:
+    """Before: the surrogate ended `verify --db` in DuckDB's traceback with nothing recorded, and the escape
+    sequence reached the board's failed-run notice as it was."""
+    bundle = submit(tmp_path, "raises", RAISES_ESCAPES_WHEN_CHECKED)
+    attacker = run_of(bundle, "passkey", "raises-escapes")
+    cli("accept", str(bundle), "--db", "board.duckdb", cwd=tmp_path)
+    done = cli("verify", str(bundle), "--db", "board.duckdb", "--quiet", cwd=tmp_path, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    with duckdb.connect(str(tmp_path / "board.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT identity, state, reason FROM submission_runs").fetchall()
+    (reason,) = [reason for identity, state, reason in rows if identity == attacker and state == "failed"]
+    assert "\\ud800 \\x1b]0;PWNED\\x07\\x1b[31mred \\u202eright-to-left \\u061c" in reason, reason
+    assert not any(ord(c) < 32 or 0xD800 <= ord(c) < 0xE000 or c in "\u202e\u061c" for c in reason)
+    assert {state for identity, state, _ in rows if identity != attacker} == {"published"}
 
 
 def test_what_a_scorer_reports_of_itself_under_recomputation_is_held_to_the_text_rule(tmp_path: Path) -> None:
