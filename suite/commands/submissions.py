@@ -177,6 +177,10 @@ def _checked(bundle: Path) -> Iterator[_Opened]:
         yield _Opened(copy, sha256_file(copy), folder, checked)
 
 
+REFUSALS_SHOWN = 50
+"""The broken rules a refusal lists; the count says how many there are in all."""
+
+
 def _refused(bundle: Path, failures: list) -> int:
     console.print(
         Text.assemble(
@@ -184,8 +188,10 @@ def _refused(bundle: Path, failures: list) -> int:
         ),
         highlight=False,
     )
-    for failure in failures:
+    for failure in failures[:REFUSALS_SHOWN]:
         console.print(f"  {printable(failure)}", highlight=False, soft_wrap=True)
+    if len(failures) > REFUSALS_SHOWN:  # a forged bundle can break one rule in each of 100,000 members
+        console.print(f"  … and {len(failures) - REFUSALS_SHOWN:,} more", highlight=False)
     return 1
 
 
@@ -250,6 +256,8 @@ def verify_command(args: argparse.Namespace) -> int:
         sha256 = opened.sha256
         only, fresh = None, set()
         if args.db is not None:
+            if find_submission(args.db, sha256)[1] is not None:  # given as a file: no computing for nothing
+                raise SpecError(f"submission {sha256[:16]} was withdrawn from {args.db}")
             with reading(args.db) as con:
                 states = awaiting(con, sha256, args.retry)
             only, fresh = set(states), {identity for identity, state in states.items() if state == "failed"}

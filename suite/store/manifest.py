@@ -124,6 +124,8 @@ class RunManifest(Provenance):
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SpecError(f"{path}: not a readable JSON manifest ({exc})") from None
+        except RecursionError:  # arrays or objects nested past what Python's JSON reader follows
+            raise SpecError(f"{path}: not a readable JSON manifest (nested too deeply)") from None
         return cls.validated(data, path)
 
     def write(self, path: Path) -> None:

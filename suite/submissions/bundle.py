@@ -42,6 +42,10 @@ MANIFEST = "bundle.json"
 ENVIRONMENT = "environment.json"
 MAX_MEMBER_BYTES = 64 * 2**20
 """The largest member accepted: a shard holds one problem's samples, far below this."""
+MAX_TEXT_MEMBER_BYTES = {".yaml": 64 * 2**10, ".py": 2**20, ".json": 4 * 2**20}
+"""The largest member of each text kind, which accept parses whole (a suite's or protocol's YAML, parsed by
+a pure-Python loader at some 30 KB a second: 4 MiB took 2.5 minutes and 1.3 GB; a scorer; a manifest). The
+built-in suites and protocols are under 4 KiB, a manifest under 100 KiB."""
 MAX_TOTAL_BYTES = 2 * 2**30
 """The most bytes all members may announce together (what extraction writes to the disk)."""
 MAX_MEMBERS = 100_000
@@ -88,7 +92,8 @@ class BundleManifest(pydantic.BaseModel):
     format_version: int
     schema_version: int
     kvbench: str
-    created: float
+    created: float = pydantic.Field(allow_inf_nan=False, ge=0, le=1e11)
+    """When it was exported, seconds since 1970: a finite time before the year 5138."""
     submitter: str
     description: str
     cells: list[BundleCell]
@@ -133,6 +138,13 @@ def _member_failure(member: tarfile.TarInfo) -> Failure | None:
     if not MEMBER_NAMES.fullmatch(name):
         return Failure(
             name, "member-name", "not a member a kvbench bundle has (see kvbench.submissions.bundle)"
+        )
+    bound = MAX_TEXT_MEMBER_BYTES.get(PurePosixPath(name).suffix)
+    if bound is not None and member.size > bound:
+        return Failure(
+            name,
+            "member-size",
+            f"{member.size:,} bytes, over the {bound:,} bytes a {PurePosixPath(name).suffix} member may have",
         )
     return None
 
@@ -269,7 +281,10 @@ def _listed(
         malformed = _malformed_text(raw)
         if malformed:
             return malformed
-        why = str(exc).splitlines()[0]
+        fields = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'the whole'}: {e['msg']}" for e in exc.errors()[:5]
+        )  # where and what, never the value: it is the submitter's text
+        why = f"{exc.error_count()} field(s) wrong: {fields}"
         return [Failure(MANIFEST, "bundle-manifest", f"not a bundle manifest ({why}); nothing was extracted")]
     failures = [
         Failure(m.name, "digest", "not listed in the bundle manifest's members; nothing was extracted")
@@ -291,7 +306,7 @@ def _malformed_text(raw: bytes) -> list[Failure]:
     surrogate (``"\\ud800"``) as invalid JSON without naming the field, Python's names it."""
     try:
         listing = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     found = list(json_problems(listing, bundle_field))[:20]
     return [

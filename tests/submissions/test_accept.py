@@ -309,6 +309,10 @@ def test_a_withdrawn_submission_leaves_the_board_and_cannot_come_back(
     assert reason == "wrong model revision" and withdrawn is not None
     again = cli("accept", str(bundle), "--db", str(db), cwd=tmp_path, check=False)
     assert again.returncode == 2 and "already withdrawn" in again.stderr
+    # given as a file, verify refuses it before computing anything (it used to compute every run first)
+    verify = cli("verify", str(bundle), "--db", str(db), "--quiet", cwd=tmp_path, check=False)
+    assert verify.returncode == 2 and f"submission {digest[:16]} was withdrawn" in verify.stderr
+    assert "re-computing" not in verify.stdout and not list((tmp_path / "submissions").glob("*.recomputed"))
 
 
 BOARD = {

@@ -5,6 +5,7 @@ genuine bundle is accepted."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -108,3 +109,70 @@ def test_a_number_out_of_its_range_is_refused(
     code, said = _accept(forged(bundle, tmp_path / "f.tar.gz", out_of_range, output_digests=True), tmp_path)
     assert code == 1, said
     assert f"runs/{run_id}: [value-range]" in said and named in said, said
+
+
+def test_a_protocol_yaml_over_its_bound_is_refused_before_it_is_parsed(
+    submission: Path, tmp_path: Path
+) -> None:
+    """A 4 MiB protocol of one long list (15 kB compressed) took 2.5 minutes and 1.3 GB to be refused by
+    the protocol rule, which parses it; the member bound refuses it unread."""
+    import time
+
+    def long_protocol(folder: Path) -> None:
+        (protocol,) = (folder / "protocols").glob("*.yaml")
+        protocol.write_text("[" + "1, " * (4 * 2**20 // 3) + "1]")
+
+    bundle = forged(submission / "bundle.kvbench.tar.gz", tmp_path / "f.tar.gz", long_protocol)
+    started = time.monotonic()
+    code, said = _accept(bundle, tmp_path)
+    assert code == 1, said
+    assert "[member-size] 4,194,306 bytes, over the 65,536 bytes a .yaml member may have" in said, said
+    assert time.monotonic() - started < 60
+
+
+def test_a_manifest_nested_past_the_json_readers_depth_is_refused_with_its_rule(
+    submission: Path, tmp_path: Path
+) -> None:
+    """A list 5,000 deep in a policy parameter ended accept in a RecursionError traceback."""
+    bundle = submission / "bundle.kvbench.tar.gz"
+    run_id = run_of(bundle, "passkey", "keys-norm")
+
+    def deep(folder: Path) -> None:
+        manifest = folder / "runs" / run_id / "manifest.json"
+        text = manifest.read_text()
+        manifest.write_text(
+            text.replace('"spec": {', '"deep": ' + "[" * 5000 + "]" * 5000 + ', "spec": {', 1)
+        )
+
+    code, said = _accept(forged(bundle, tmp_path / "f.tar.gz", deep), tmp_path)
+    assert code == 1 and "Traceback" not in said, said
+    assert f"runs/{run_id}/manifest.json" in said and "nested too deeply" in said, said
+
+
+def test_a_refusal_of_many_members_lists_the_first_fifty_and_counts_the_rest(
+    submission: Path, tmp_path: Path
+) -> None:
+    bundle = submission / "bundle.kvbench.tar.gz"
+    run_id = run_of(bundle, "passkey", "keys-norm")
+
+    def empty_shards(folder: Path) -> None:
+        for index in range(300):
+            (folder / "runs" / run_id / f"{index:016x}.parquet").write_bytes(b"")
+
+    code, said = _accept(forged(bundle, tmp_path / "f.tar.gz", empty_shards), tmp_path)
+    assert code == 1, said
+    listed = [line for line in said.splitlines() if line.startswith("  ") and "[" in line]
+    assert len(listed) == 50, said[-2000:]
+    assert re.search(r"  … and [\d,]+ more", said), said[-500:]
+
+
+@pytest.mark.parametrize("created", [math.nan, 1e308, -1.0])
+def test_a_creation_time_that_is_no_time_is_refused(submission: Path, tmp_path: Path, created: float) -> None:
+    import json
+
+    def when(folder: Path) -> None:
+        manifest = json.loads((folder / "bundle.json").read_text())
+        (folder / "bundle.json").write_text(json.dumps(manifest | {"created": created}))
+
+    code, said = _accept(forged(submission / "bundle.kvbench.tar.gz", tmp_path / "f.tar.gz", when), tmp_path)
+    assert code == 1 and "bundle.json" in said and "created" in said, said
