@@ -20,7 +20,7 @@ from kvbench.commands import (
     run,
     submissions,
 )
-from kvbench.commands.common import text_console
+from kvbench.commands.common import sleep_when_idle, text_console
 from kvbench.errors import KvbenchError
 from kvbench.printable import printable
 
@@ -47,6 +47,7 @@ def fail(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    sleep_when_idle()  # before anything loads torch
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == [lmeval.COMMAND]:  # lm-eval parses its own arguments: argparse would claim its flags
         given = [lmeval.COMMAND, "--", *given[1:]]

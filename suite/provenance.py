@@ -32,6 +32,7 @@ def describe_machine(device: str = "cpu") -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "torch_threads": torch.get_num_threads(),
+        "omp_spin": os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY"),
         "device": device,
         "eviction_choices": eviction_choices(device),
     }

@@ -56,3 +56,41 @@ def test_no_hint_where_threads_are_chosen_or_the_work_is_not_on_the_cpu(two_thre
 def test_the_page_the_hint_names_has_that_section() -> None:
     headings = re.findall(r"^## (.+)$", (ROOT / "docs" / "running.md").read_text(), flags=re.M)
     assert "on-a-busy-machine" in {h.lower().replace(" ", "-") for h in headings}
+
+
+def test_a_run_states_the_spin_the_load_at_start_chose_and_records_it(tmp_path: Path) -> None:
+    """The spin is chosen before torch loads (libgomp reads it once), stated before the run computes and
+    recorded with it; a user's own setting is kept and named as theirs."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def kvbench(
+        *given: str, env: dict
+    ) -> subprocess.CompletedProcess:  # a process of its own: torch not loaded
+        command = [str(Path(sys.executable).parent / "kvbench"), *given]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    args = ("run", "--model", "tiny-qwen3", "--task", "passkey", "--limit", "1", "--samples", "1")
+    args += ("--policy", "snapkv", "--no-baselines", "--quiet")
+    environment = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    done = kvbench(*args, env=environment)
+    assert done.returncode == 0, done.stderr
+    said = re.search(
+        r"torch: \d+ thread\(s\); (busy|quiet) at start \(load [\d.]+ on \d+ cores\)", done.stdout
+    )
+    assert said, done.stdout
+    (manifest,) = (tmp_path / "runs" / "shards").glob("*/manifest.json")
+    spin = json.loads(manifest.read_text())["hardware"]["omp_spin"]
+    # what the line says is what the run had: the short spin where the machine was busy at start
+    assert spin == ("1000" if said.group(1) == "busy" else None), (said.group(0), spin)
+    own = kvbench(*args, "--out", "mine", env={**environment, "GOMP_SPINCOUNT": "7"})
+    assert own.returncode == 0 and "GOMP_SPINCOUNT=7 (yours)" in own.stdout, own.stdout
+
+
+def test_the_short_spin_is_for_a_machine_busy_at_start() -> None:
+    from kvbench.commands.common import SHORT_SPIN, spin_for
+
+    assert spin_for(0.0) is None and spin_for(0.99) is None  # quiet: libgomp's spin is the fastest
+    assert spin_for(1.0) == spin_for(4.2) == SHORT_SPIN

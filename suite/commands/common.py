@@ -186,11 +186,71 @@ def busy_machine_hint(
     )
 
 
+SHORT_SPIN = "1000"
+"""GOMP_SPINCOUNT kvbench gives torch's OpenMP threads on a busy machine: an idle thread spins this many
+times, then sleeps. libgomp's default (300,000 spins) holds a core while its thread waits for the next
+parallel region; on a busy machine torch's threads then spin against the other work and each other.
+Measured on the 2-core development machine (AMD EPYC), `kvbench run --model smollm2-135m --task fidelity
+--limit 1 --policy snapkv` (3 units), seconds of scoring: quiet 19.9 and 20.5 with libgomp's spin, 23.4 and
+25.1 with the short one; under 4 CPU burners (a load of twice the cores) 231 with libgomp's, 79 with the
+short one (docs/running.md#on-a-busy-machine). So the short spin is for a busy machine only."""
+
+
+def sleep_when_idle(load: float | None = None, cores: int | None = None) -> None:
+    """On a machine busy at start (a 1-minute load average of at least 1: other work holds a core torch's
+    threads, one per core, would use), give torch's OpenMP threads the short spin, before torch is loaded
+    (libgomp reads it once), unless the user set how OpenMP threads wait. The wait changes no arithmetic,
+    only when an idle thread gives its core back. ``load`` and ``cores`` are parameters for the tests."""
+    if "torch" in sys.modules:  # too late: its OpenMP read the environment when it loaded
+        return
+    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
+        return
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on Windows, nor where the kernel does not say
+            return
+    cores = cores or os.cpu_count() or 1
+    os.environ[_LOAD_AT_START] = f"{load:.1f} on {cores} cores"
+    spin = spin_for(load)
+    if spin is not None:
+        os.environ["GOMP_SPINCOUNT"] = spin
+
+
+def spin_for(load: float) -> str | None:
+    """The spin a run starting at this 1-minute load average gives torch's threads (None: libgomp's)."""
+    return SHORT_SPIN if load >= 1.0 else None
+
+
+_LOAD_AT_START = "KVBENCH_LOAD_AT_START"
+"""Where the load that chose the spin is kept for the run's line (and a child process's)."""
+
+
+def waiting() -> str:
+    """How torch's idle OpenMP threads wait in this process, as a run states it."""
+    spin, load = os.environ.get("GOMP_SPINCOUNT"), os.environ.get(_LOAD_AT_START)
+    if os.environ.get("OMP_WAIT_POLICY"):
+        return f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} (yours)"
+    if spin == SHORT_SPIN and load:
+        short = f"an idle thread sleeps after a short spin (GOMP_SPINCOUNT={spin})"
+        return f"busy at start (load {load}): {short}"
+    if spin:
+        return f"GOMP_SPINCOUNT={spin} (yours)"
+    if load:
+        return f"quiet at start (load {load}): libgomp's default spin, the fastest on a quiet machine"
+    return "libgomp's default spin"
+
+
 def warn_if_busy(threads: int | None, device: str) -> None:
-    """busy_machine_hint's line, where it has one: on stdout with the run's progress, since stderr is the
-    one line of a command's failure."""
+    """The threads and how they wait, then busy_machine_hint's line where it has one and threads still
+    spin long: on stdout with the run's progress, since stderr is the one line of a command's failure."""
+    if not device.startswith("cpu"):
+        return
+    import torch
+
+    console.print(f"torch: {torch.get_num_threads()} thread(s); {waiting()}", highlight=False)
     hint = busy_machine_hint(threads, device)
-    if hint:
+    if hint and os.environ.get("GOMP_SPINCOUNT") != SHORT_SPIN:
         console.print(hint)
 
 

@@ -34,6 +34,7 @@ from kvbench.runner.eta import Eta, UnitKind
 from kvbench.runner.executor import Executor, Prepared, Unit
 from kvbench.runner.memory import ArmPlan, MemoryLimits, MemoryPlan, plan_memory
 from kvbench.runner.paces import machine_key, record, stored
+from kvbench.runner.sources import task_source
 from kvbench.specs.resolved import ResolvedSpec
 from kvbench.store.manifest import RunManifest
 from kvbench.store.shards import ShardStore, read_records
@@ -264,13 +265,14 @@ def _limit_notes(cells: Sequence[Cell], prepared: Prepared) -> list[str]:
         name = printable(task.name)  # a bundle's spec names it (`kvbench verify`)
         if limit is None or (task.name, limit) in notes:
             continue
-        if task.source.kind == "probe" and limit > task.probe.problems:
+        declared = task_source(task).made_to_order(task)
+        if declared is not None and limit > declared:
             notes[task.name, limit] = (
-                f"--limit {limit}: task {name} is a probe of {task.probe.problems} problems; it makes "
-                f"{limit - task.probe.problems} more, each seeded by its index"
+                f"task {name} is a probe of {declared} problems: a limit of {limit} makes "
+                f"{limit - declared} more, each seeded by its index"
             )
         elif held < limit:
-            notes[task.name, limit] = f"--limit {limit}: task {name} holds {held} problems, all of which run"
+            notes[task.name, limit] = f"task {name} holds {held} problems: a limit of {limit} runs them all"
     return list(notes.values())
 
 

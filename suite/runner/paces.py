@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +44,22 @@ def _read() -> dict[str, Any]:
 
 
 def stored(machine: str, model: str) -> dict[tuple[str, bool], tuple[float, float]]:
-    """(task, evicts) → (seconds, tokens) of the units kept, summed; empty where none ran here."""
+    """(task, evicts) → (seconds, tokens) of a typical unit kept: the median seconds per token times the
+    mean tokens (the median seconds where units have no tokens), so that the units of a run on a busy
+    machine do not set the pace of every later one. Empty where none ran here."""
     kinds = _read().get(machine, {}).get(model, {})
     found = {}
     for key, units in kinds.items():
         task, _, evicts = key.rpartition("/")
-        with contextlib.suppress(TypeError, ValueError):
-            seconds = sum(float(s) for s, _ in units)
-            tokens = sum(float(t) for _, t in units)
-            if units and seconds > 0:
-                found[task, evicts == "evicts"] = (seconds / len(units), tokens / len(units))
+        with contextlib.suppress(TypeError, ValueError, statistics.StatisticsError):
+            pairs = [(float(s), float(t)) for s, t in units]
+            tokens = statistics.fmean(t for _, t in pairs)
+            if tokens > 0 and all(t > 0 for _, t in pairs):
+                seconds = statistics.median(s / t for s, t in pairs) * tokens
+            else:
+                seconds = statistics.median(s for s, _ in pairs)
+            if seconds > 0:
+                found[task, evicts == "evicts"] = (seconds, tokens)
     return found
 
 

@@ -143,16 +143,13 @@ index), and each costs its filler's tokenization before the first token."""
 def refuse_probe_limit(task: TaskSpec, limit: int | None) -> None:
     """A --limit that would make a probe generate more than PROBE_PROBLEMS_AT_MOST problems, refused before
     any is made."""
-    if (
-        limit is None
-        or task.source.kind != "probe"
-        or limit <= max(task.probe.problems, PROBE_PROBLEMS_AT_MOST)
-    ):
+    declared = task_source(task).made_to_order(task)
+    if limit is None or declared is None or limit <= max(declared, PROBE_PROBLEMS_AT_MOST):
         return
     raise SpecError(
-        f"--limit {limit}: task {task.name!r} is a probe of {task.probe.problems} problems; a larger --limit "
+        f"--limit {limit}: task {task.name!r} is a probe of {declared} problems; a larger --limit "
         f"makes more (each seeded by its index), up to {PROBE_PROBLEMS_AT_MOST}: give a --limit of at most "
-        f"{max(task.probe.problems, PROBE_PROBLEMS_AT_MOST)}"
+        f"{max(declared, PROBE_PROBLEMS_AT_MOST)}"
     )
 
 

@@ -23,6 +23,10 @@ class ProbeTaskSource(TaskSource[ProbeProblem]):
     """Generated probes (passkey, planted fact, fidelity), teacher-forced; N_avg is their trace length."""
 
     teacher_forced = True
+
+    def made_to_order(self, task: TaskSpec) -> int | None:
+        return task.probe.problems
+
     measured_n_avg = False
 
     def problems(

@@ -57,6 +57,11 @@ class TaskSource(Protocol[P]):
         """What of the source, beyond the task spec, enters every cell's identity."""
         return {}
 
+    def made_to_order(self, task: TaskSpec) -> int | None:
+        """The problems this source makes when no limit is given, where it makes as many as asked (a
+        probe: a larger limit makes more, each seeded by its index); None where it holds what it holds."""
+        return None
+
     def check_data(self, task: TaskSpec, data: Path) -> None:
         """Refuse, before anything loads, a local copy (``--data``) whose rows this source cannot read;
         only a source with ``local_data`` is asked."""

@@ -49,3 +49,12 @@ def test_a_damaged_or_unwritable_file_costs_the_estimate_only(own_cache: Path) -
     own_cache.write_text("a file where the cache folder should be")  # no file can be written under it
     paces.record("cpu", "m", [("passkey", True, 2.0, 1.0)])  # no error: the run goes on
     assert paces.stored("cpu", "m") == {}
+
+
+def test_a_run_on_a_busy_machine_does_not_set_the_pace() -> None:
+    """Five units at 0.1 s a token and two, made while the machine was busy, at 1 s a token: the median
+    pace is the quiet one (the mean would be 0.36 s a token)."""
+    quiet = [("fidelity", True, 100.0, 1000.0)] * 5
+    busy = [("fidelity", True, 1000.0, 1000.0)] * 2
+    paces.record("cpu", "m", quiet + busy)
+    assert paces.stored("cpu", "m") == {("fidelity", True): (100.0, 1000.0)}

@@ -4,6 +4,7 @@ before anything loads where it would make a probe generate without bound."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -16,9 +17,10 @@ GSM8K = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "gsm8k"
 def test_the_plan_line_gives_the_time_once_this_machine_has_paces(tmp_path: Path) -> None:
     args = ("run", "--model", "tiny-qwen3", "--task", "gsm8k", "--data", str(GSM8K), "--budget", "384")
     args += ("--max-new-tokens", "8", "--samples", "1", "--no-baselines", "--limit", "50", "--quiet")
-    first = kvbench(*args, "--policy", "snapkv", cwd=tmp_path)
+    own_paces = {**os.environ, "KVBENCH_CACHE": str(tmp_path / "cache")}  # no other test's paces
+    first = kvbench(*args, "--policy", "snapkv", cwd=tmp_path, env=own_paces)
     assert first.returncode == 0, first.stderr
-    said = re.search(r"--limit 50: task gsm8k holds (\d+) problems, all of which run", first.stdout)
+    said = re.search(r"task gsm8k holds (\d+) problems: a limit of 50 runs them all", first.stdout)
     assert said, first.stdout
     problems = int(said.group(1))
     assert 0 < problems < 50
@@ -26,7 +28,9 @@ def test_the_plan_line_gives_the_time_once_this_machine_has_paces(tmp_path: Path
         f"plan: {problems} unit(s) of tiny-qwen3 to compute (0 stored); no earlier run of tiny-qwen3 on this "
         "machine to time them by" in first.stdout
     ), first.stdout
-    second = kvbench(*args, "--policy", "h2o", cwd=tmp_path)  # another policy: nothing stored, paces known
+    second = kvbench(
+        *args, "--policy", "h2o", cwd=tmp_path, env=own_paces
+    )  # another policy: nothing stored, paces known
     assert second.returncode == 0, second.stderr
     line = re.search(
         rf"plan: {problems} unit\(s\) of tiny-qwen3 to compute \(0 stored\): about (\d+):(\d\d):(\d\d)",
