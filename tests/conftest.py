@@ -23,7 +23,8 @@ from built import built_once, run_folder
 from invoke import kvbench
 from small_run import SMALL_RUN
 
-from kvbench.adapters.hf.models import CACHE_ENV, LoadedModel, load_model
+from kvbench.adapters.hf.models import LoadedModel, load_model
+from kvbench.cache_folder import CACHE_ENV
 
 FRESH_CACHES = (CACHE_ENV, "HF_HOME", "HF_DATASETS_CACHE")
 

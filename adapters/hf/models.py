@@ -6,7 +6,6 @@ import contextlib
 import copy
 import hashlib
 import importlib.util
-import os
 import shutil
 import socket
 import tempfile
@@ -20,6 +19,7 @@ import transformers
 
 from kvbench.adapters.base import ModelShape
 from kvbench.adapters.hf.bars import bars_where_seen
+from kvbench.cache_folder import cache_root
 from kvbench.core.contract import ModelFacts
 from kvbench.errors import CapabilityError, PrerequisiteError
 from kvbench.specs.model import GgufPackage, HubCheckpoint, ModelSpec, RandomQwen3, load_model_spec
@@ -73,19 +73,9 @@ class LoadedTokens:
         return self.loaded.prompt_ids(user_text)
 
 
-CACHE_ENV = "KVBENCH_CACHE"
-"""The one setting for kvbench's cache folder (default ``$XDG_CACHE_HOME/kvbench``, or ~/.cache/kvbench)."""
 CONVERTER_VERSION = 1
 """Bump when ``_convert_gguf`` changes what it writes: it names the cached checkpoint, so a warm cache
 never hides a converter change."""
-
-
-def cache_root() -> Path:
-    """Where converted weights are kept between runs: ``$KVBENCH_CACHE``, else the XDG cache folder."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
 def load_model(

@@ -16,7 +16,8 @@ from kvbench.specs.model import GgufPackage, HubCheckpoint, ModelSpec
 
 
 def materialize(spec: ModelSpec) -> tuple[Any, Path]:
-    from kvbench.adapters.hf.models import cache_root, load_model, save_checkpoint
+    from kvbench.adapters.hf.models import load_model, save_checkpoint
+    from kvbench.cache_folder import cache_root
 
     loaded = load_model(spec, device="cpu", attention="sdpa")
     source = spec.source

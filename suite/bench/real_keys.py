@@ -49,7 +49,7 @@ def fits(kv_heads: int, head_dim: int, tokens: int) -> str:
 def captured(kv_heads: int, head_dim: int, tokens: int) -> RealKeys:
     """``tokens`` tokens' keys and values at the bench's shape, from the cache folder or made now (a forward
     pass of the embedded model: about half a minute for 4,000 tokens on 2 cores)."""
-    from kvbench.adapters.hf.models import cache_root
+    from kvbench.cache_folder import cache_root
 
     name = f"{MODEL}-fidelity-{tokens}-{kv_heads}x{head_dim}-v{CAPTURE_VERSION}"
     path = cache_root() / "bench-keys" / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.pt"

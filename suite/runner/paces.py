@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from kvbench.adapters.hf.models import cache_root
+from kvbench.cache_folder import cache_root
 
 KEPT_UNITS = 200
 """The newest units kept per kind: a pace follows the machine and kvbench as they change."""

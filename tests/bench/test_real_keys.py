@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from invoke import kvbench
 
-from kvbench.adapters.hf.models import cache_root
 from kvbench.bench.real_keys import captured, fits
+from kvbench.cache_folder import cache_root
 
 pytestmark = pytest.mark.slow
 

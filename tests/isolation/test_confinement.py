@@ -6,6 +6,7 @@ a scorer's error carries its own traceback lines only."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -268,9 +269,10 @@ def test_forked_processes_are_held_to_one_memory_limit_for_all(tmp_path: Path) -
         run_through(policy, steps=20)
     message = str(raised.value)
     assert time.monotonic() - started < 30, message  # stopped as it passed the limit, not at the call's end
-    assert "process broke off (exit status -9; stopped: its processes held 1." in message, message
+    assert re.search(r"process broke off \(exit status -9; stopped: its processes held \d\.\d\d GiB", message)
     assert "GiB resident in all, over the limit of 1 GiB for all of them (--scorer-memory)" in message
-    assert 1 << 30 < policy.process.watch.peak_bytes < 6 * (300 << 20), policy.process.watch.peak_bytes
+    # at most the six blocks and the interpreters: the watch read the tree, whatever it overshot by
+    assert 1 << 30 < policy.process.watch.peak_bytes < 6 * (300 << 20) + (512 << 20)
 
 
 def test_a_reply_this_side_cannot_read_is_named_as_the_hosts_failure(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.adapters.hf.models import CACHE_ENV
+from kvbench.cache_folder import CACHE_ENV
 from kvbench.runner import paces
 
 
