@@ -38,9 +38,10 @@ class TreeWatch:
     def _watch(self) -> None:
         while self.process.poll() is None:
             time.sleep(POLL_SECONDS)
-            held = tree_resident_bytes(self.process.pid)
+            tree = tree_pids(self.process.pid)  # one walk for both readings
+            held = sum(map(_resident, tree))
             self.peak_bytes = max(self.peak_bytes, held)
-            used = tree_cpu_seconds(self.process.pid) - self.base
+            used = sum(map(_ticks, tree)) / os.sysconf("SC_CLK_TCK") - self.base
             if held > self.memory_bytes:
                 self.stopped = (
                     f"stopped: its processes held {held / 2**30:.2f} GiB resident in all, over the limit of "
