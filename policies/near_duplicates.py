@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.core.hardware import screen_dtype
+from kvbench.core.hardware import screen_dtype, screen_strip
 from kvbench.policies.scoring import Scratch
 
 SCREEN_MARGINS = {torch.bfloat16: 1 / 32, torch.float32: 1 / 4096}
@@ -36,13 +36,9 @@ BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 """The integers a screened product is compared as: a positive float orders as its bits do."""
 
 COLUMNS = 256
-"""Columns per screened block."""
-
-STRIP = 2 * COLUMNS
-"""Columns per product of the screen. The products are symmetric, so only the lower triangle is computed:
-each strip of columns against the rows from its first one on, about 5/8 of the square at n = 2048.
-Measured on `kvbench bench evict` (2-core Xeon with AMX): strips of 512 ran faster than strips of 256
-(smaller products run at a lower rate) and than 1024, and than one square product per KV head."""
+"""Columns per screened block. The screen's products are symmetric, so only the lower triangle is computed:
+each strip of columns (a multiple of COLUMNS wide, its width the machine's choice, kvbench.core.hardware)
+against the rows from its first one on, about 5/8 of the square at n = 2048 in strips of 512."""
 
 NEWEST_COLUMNS = 64
 """The newest columns, searched first for every row: on SmolLM2-135M's keys 64-99% of rows (by layer) find
@@ -55,12 +51,17 @@ def _masked(screen: torch.dtype) -> int:
 
 
 def newest_near_duplicates(
-    unit: Tensor, threshold: float, scratch: Scratch | None = None, screen: torch.dtype | None = None
+    unit: Tensor,
+    threshold: float,
+    scratch: Scratch | None = None,
+    screen: torch.dtype | None = None,
+    strip: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """[G, n] index of each row's newest other row with cosine > threshold (−1 where none), and [G, n]
     that cosine in fp32 (0 where none); unit [G, n, D] holds a few groups (KV heads of batch rows) at a
-    time, and ``scratch`` is reused from one call to the next. ``screen``: the screen's dtype (None: the
-    machine's choice, kvbench.core.hardware); the answer is the same in either."""
+    time, and ``scratch`` is reused from one call to the next. ``screen`` (the screen's dtype) and ``strip``
+    (its columns per product): None for the machine's choice (kvbench.core.hardware); the answer is the
+    same in any."""
     scratch = scratch or Scratch()
     search = _Search(unit, threshold, scratch, screen or screen_dtype(unit.device))
     n = unit.shape[1]
@@ -71,39 +72,42 @@ def newest_near_duplicates(
     if newest_start and bool((search.newest < 0).all()):  # few near-duplicates: screen all blocks at once
         # over every column, the newest (searched already) among them: a block flagged for them alone is
         # searched short of them
-        screened, flagged = newest_start, _flagged_blocks(search.coarse, search.low, scratch)
+        strip = strip or screen_strip(unit.device)
+        screened, flagged = newest_start, _flagged_blocks(search.coarse, search.low, scratch, strip)
     else:
         screened = max(0, n - NEWEST_COLUMNS)
         search.block(search.newest < 0, screened, newest_start)
     for block in reversed(range(-(-screened // COLUMNS))):
         searching = search.newest < 0
+        if not bool(searching.any()):  # every row has its match: the older blocks cannot change it
+            break
         if flagged is not None:
             searching &= flagged[:, :, block]
         search.block(searching, block * COLUMNS, min(screened, (block + 1) * COLUMNS))
     return search.newest, search.similarity
 
 
-def screen_flops(n: int, dim: int) -> int:
+def screen_flops(n: int, dim: int, strip: int) -> int:
     """Multiply-adds × 2 of the symmetric screen over n keys of ``dim`` (one group), as _flagged_blocks
     computes it: each strip of columns against the rows from its first on. Random keys, where no row finds
     a match among the newest columns, take all of it."""
-    return sum(2 * (n - start) * min(STRIP, n - start) * dim for start in range(0, n, STRIP))
+    return sum(2 * (n - start) * min(strip, n - start) * dim for start in range(0, n, strip))
 
 
-def _flagged_blocks(coarse: Tensor, low: int, scratch: Scratch) -> Tensor:
+def _flagged_blocks(coarse: Tensor, low: int, scratch: Scratch, strip: int) -> Tensor:
     """[G, n, blocks] bool: whether a row's screened similarity to some other row exceeds ``low`` (bf16
-    bits) in each block of COLUMNS columns, the last block possibly shorter. Strip by strip (STRIP): the
+    bits) in each block of COLUMNS columns, the last block possibly shorter. Strip by strip: the
     products of rows [start, n) with the strip's columns give those rows' maxima over the strip's blocks
     and, read down the columns in groups of COLUMNS rows, the strip's own rows' maxima over the blocks
     from the strip on. A strip with no product above ``low``, as nearly every strip of unrelated keys,
     flags nothing and is not reduced further."""
     groups, n, _ = coarse.shape
     flagged = torch.zeros(groups, n, -(-n // COLUMNS), dtype=torch.bool, device=coarse.device)
-    space = scratch.take("products", (n * STRIP,), coarse.dtype, coarse.device)
+    space = scratch.take("products", (n * strip,), coarse.dtype, coarse.device)
     masked = _masked(coarse.dtype)
     for group in range(groups):
-        for start in range(0, n, STRIP):
-            width = min(STRIP, n - start)
+        for start in range(0, n, strip):
+            width = min(strip, n - start)
             products = space[: (n - start) * width].view(n - start, width)
             torch.mm(coarse[group, start:], coarse[group, start : start + width].mT, out=products)
             bits = products.view(BITS[coarse.dtype])
@@ -183,7 +187,7 @@ class _Search:
         if not bool(flagged.any()):
             return
         g_idx, r_idx = flagged.nonzero(as_tuple=True)
-        values = screen[g_idx, r_idx]  # [P, c]
+        values = _at(screen, g_idx, r_idx)  # [P, c]
         column = torch.arange(end - start, device=screen.device, dtype=torch.int16)
         surely = torch.where(values > self.high, column, -1).amax(dim=-1)  # the newest sure match
         p_idx, j_idx = ((values > self.low) & (column > surely[:, None])).nonzero(as_tuple=True)
@@ -197,7 +201,14 @@ class _Search:
         self.similarity[g_found, row_found] = self._dot(g_found, row_found, column_found)
 
     def _dot(self, group: Tensor, row: Tensor, column: Tensor) -> Tensor:
-        return (self.unit[group, row] * self.unit[group, column]).sum(dim=-1)
+        return _at(self.unit, group, row).mul_(_at(self.unit, group, column)).sum(dim=-1)
+
+
+def _at(source: Tensor, group: Tensor, row: Tensor) -> Tensor:
+    """source [G, r, ...] at the pairs (group, row) → [P, ...], as ``source[group, row]`` (the same values)
+    through one flat row copy each: indexing by two index tensors took ten times as long on the CPU."""
+    groups, rows = source.shape[:2]
+    return source.reshape(groups * rows, *source.shape[2:]).index_select(0, group * rows + row)
 
 
 def _level(value: float, screen: torch.dtype, below: bool) -> int:

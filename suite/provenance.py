@@ -7,7 +7,6 @@ manifests, `kvbench check`'s reference and the benchmarks all take it from here.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import subprocess
@@ -17,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kvbench.core.hardware import eviction_choices
+from kvbench.core.hardware import cpuinfo, eviction_choices
 
 PACKAGES = ("torch", "transformers", "duckdb", "pyarrow", "numpy", "scipy", "pydantic")
 
@@ -26,7 +25,7 @@ def describe_machine(device: str = "cpu") -> dict[str, Any]:
     """The CPU, torch's build and, for a CUDA device, the GPU that ran: name, count, driver, CUDA."""
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
+        "cpu": cpuinfo("model name") or platform.processor() or "unknown",
         "cpu_vector_features": _vector_features(),
         "cpu_count": os.cpu_count() or 0,
         "torch": torch.__version__,
@@ -62,19 +61,10 @@ def _nvidia_driver() -> str | None:
     return lines[0] if done.returncode == 0 and lines else None
 
 
-def _cpuinfo(field: str) -> str | None:
-    """The first ``field`` line's value in /proc/cpuinfo (None off Linux)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith(field):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
 def _vector_features() -> str | None:
     """The CPU's vector instruction sets (AVX, AVX-512 and its BF16/VNNI parts, AMX, FMA): two CPUs sold
     under one model name can differ here, and torch picks different kernels, which round differently."""
-    flags = (_cpuinfo("flags") or "").split()
+    flags = (cpuinfo("flags") or "").split()
     return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))) if flags else None
 
 

@@ -141,7 +141,7 @@ def _outputs(args: argparse.Namespace) -> None:
 def bench_evict_command(args: argparse.Namespace) -> int:
     import torch
 
-    from kvbench.bench.evict import bench_evict, beyond_goal
+    from kvbench.bench.evict import HEAD_DIM, KV_HEADS, Q_HEADS, bench_evict, beyond_goal
     from kvbench.core.hardware import eviction_choices
     from kvbench.provenance import describe_machine
 
@@ -149,7 +149,8 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     choices = eviction_choices(args.device)
     console.print(
         f"R-KV's near-duplicate screen multiplies in {choices['near_duplicate_screen']}: "
-        f"{choices['near_duplicate_screen_why']}",
+        f"{choices['near_duplicate_screen_why']}; in strips of {choices['near_duplicate_strip']} columns: "
+        f"{choices['near_duplicate_strip_why']}",
         highlight=False,
     )
     results = bench_evict(
@@ -175,8 +176,8 @@ def bench_evict_command(args: argparse.Namespace) -> int:
     columns += ["isolated / in process"] if args.isolated else []
     columns += ["telemetry on / off"] if args.telemetry_cost else []
     title = (
-        f"one eviction event of {args.layers} layer(s): Hkv=8 Hq=32 D=128 K={args.budget} "
-        f"B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
+        f"one eviction event of {args.layers} layer(s): Hkv={KV_HEADS} Hq={Q_HEADS} D={HEAD_DIM} "
+        f"K={args.budget} B={args.buffer} {args.dtype} on {args.device} (timed on {timed_on})"
     )
     table = measured_table(title, columns)
     by = {(r.keys, r.policy, r.batch): r for r in results}

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.core import hardware
+from kvbench.policies import near_duplicates
 from kvbench.policies.near_duplicates import (
     COLUMNS,
     NEWEST_COLUMNS,
     SCREEN_MARGINS,
-    STRIP,
     newest_near_duplicates,
 )
 from kvbench.policies.rkv_official import thresholded_redundancy
@@ -37,9 +37,9 @@ def brute_force(unit: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.where(similar.any(-1), n - 1 - similar.flip(-1).int().argmax(-1), -1)
 
 
-def searched(unit: torch.Tensor, threshold: float) -> torch.Tensor:
+def searched(unit: torch.Tensor, threshold: float, strip: int | None = None) -> torch.Tensor:
     """The search's newest matches, after checking the cosines it returns with them."""
-    newest, similarity = newest_near_duplicates(unit, threshold)  # in the dtype the fixture sets
+    newest, similarity = newest_near_duplicates(unit, threshold, strip=strip)  # in the fixture's dtype
     found = newest >= 0
     expected = (unit * unit.gather(1, newest.clamp(min=0)[..., None].expand_as(unit))).sum(-1)
     assert torch.allclose(similarity[found], expected[found], atol=1e-6)
@@ -72,13 +72,15 @@ def test_isotropic_keys_with_planted_pairs_around_the_threshold(n: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_few_pairs_among_strips_that_flag_nothing(seed: int) -> None:
-    """Two planted pairs in 3.5 strips: most strips flag no block, and each pair's two rows are found
-    through a strip's row maxima for one and its column maxima for the other."""
-    unit = planted(3 * STRIP + STRIP // 2, 64, pairs=2, seed=seed, cosines=(0.6, 0.9))
+@pytest.mark.parametrize("strip", hardware.STRIPS)
+def test_a_few_pairs_among_strips_that_flag_nothing(seed: int, strip: int) -> None:
+    """Two planted pairs in 3.5 strips of each width a machine may choose: most strips flag no block, and
+    each pair's two rows are found through a strip's row maxima for one and its column maxima for the
+    other."""
+    unit = planted(3 * strip + strip // 2, 64, pairs=2, seed=seed, cosines=(0.6, 0.9))
     expected = brute_force(unit, 0.5)
     assert int((expected >= 0).sum()) >= 4
-    assert torch.equal(searched(unit, 0.5), expected)
+    assert torch.equal(searched(unit, 0.5, strip), expected)
 
 
 def test_pairs_closer_to_the_threshold_than_bf16_resolves() -> None:
@@ -119,15 +121,22 @@ def test_the_screen_stays_within_its_margin(dim: int, screen: torch.dtype) -> No
 
 
 def test_the_machines_choice_never_changes_what_rkv_finds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """R-KV's redundancy, as its policy computes it, with the screen in bf16 and in fp32: equal."""
+    """R-KV's redundancy, as its policy computes it, with the screen in bf16 and in fp32 and in each strip
+    width a machine may choose: equal, on keys with a shared direction (most rows match among the newest)
+    and on isotropic keys with planted pairs (the symmetric screen, strip by strip)."""
     gen = torch.Generator().manual_seed(3)
     shared = torch.linspace(0, 2, 1500)[:, None] * torch.randn(64, generator=gen)
     keys = torch.randn(2, 3, 1500, 64, generator=gen) + shared
     keys[:, :, 700:760] = keys[:, :, 100:160] + 1e-3 * torch.randn(2, 3, 60, 64, generator=gen)
-    found = {}
-    for name in ("bfloat16", "float32"):
-        monkeypatch.setenv(hardware.FORCE_SCREEN, name)
-        hardware._screen.cache_clear()
-        found[name] = thresholded_redundancy(keys, 0.5)
-    assert torch.equal(found["bfloat16"], found["float32"])
-    assert float(found["float32"].std()) > 0  # it found different redundancy on different keys
+    isotropic = planted(1500, 64, pairs=40, seed=5, cosines=(0.45, 0.7))[None]
+    for case in (keys, isotropic):
+        found = {}
+        for name in ("bfloat16", "float32"):
+            for strip in hardware.STRIPS:
+                monkeypatch.setenv(hardware.FORCE_SCREEN, name)
+                monkeypatch.setattr(near_duplicates, "screen_strip", lambda device, strip=strip: strip)
+                hardware._screen.cache_clear()
+                found[name, strip] = thresholded_redundancy(case, 0.5)
+        first = found["float32", 512]
+        assert all(torch.equal(first, other) for other in found.values())
+        assert float(first.std()) > 0  # it found different redundancy on different keys
