@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvbench.leaderboard.public import OUTPUT_CAP, ROW_CAP
 from kvbench.leaderboard.queries import Capped
+from kvbench.printable import spreadsheet_cell
 from kvbench.store.board_tables import counted_runs
 from kvbench.store.ingest import reading
 
@@ -71,7 +72,10 @@ def sample_count(database: Path, run_ids: list[str]) -> int:
 
 
 def csv_bytes(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode()
+    """The frame as CSV, each text cell a spreadsheet would run as a formula shown as text instead."""
+    text = frame.select_dtypes(include=["object", "string"]).columns
+    safe = frame.assign(**{column: frame[column].map(spreadsheet_cell) for column in text})
+    return safe.to_csv(index=False).encode()
 
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:

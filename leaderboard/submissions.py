@@ -93,7 +93,7 @@ def arm_badge(run_ids: Iterable[str], held: pd.DataFrame) -> tuple[str, str]:
     """(submission, badge) for an arm: its submitters, and ``re-computed`` (every run's numbers are the
     operator's), marked where a run's re-computed outputs differ from those its bundle claimed; an arm no
     live submission holds is ``local``."""
-    rows = held.set_index("run_id").reindex(list(run_ids))
+    rows = held.drop_duplicates("run_id").set_index("run_id").reindex(list(dict.fromkeys(run_ids)))
     if rows["submitter"].isna().all():
         return LOCAL, MISSING
     names = sorted({s or "anonymous" for s in rows["submitter"].dropna()})

@@ -15,6 +15,7 @@ FORMAT_CHARACTERS = "".join(
         chr,
         [
             0xAD,
+            0x34F,
             *range(0x600, 0x606),
             0x61C,
             0x6DD,
@@ -22,26 +23,34 @@ FORMAT_CHARACTERS = "".join(
             0x890,
             0x891,
             0x8E2,
-            0x180E,
+            0x115F,
+            0x1160,
+            0x17B4,
+            0x17B5,
+            *range(0x180B, 0x1810),
             *range(0x200B, 0x2010),
             *range(0x2028, 0x202F),
-            *range(0x2060, 0x2065),
-            *range(0x2066, 0x2070),
+            *range(0x2060, 0x2070),
+            0x3164,
+            *range(0xFE00, 0xFE10),
             0xFEFF,
-            *range(0xFFF9, 0xFFFC),
+            0xFFA0,
+            *range(0xFFF0, 0xFFFC),
             0x110BD,
             0x110CD,
             *range(0x13430, 0x13440),
             *range(0x1BCA0, 0x1BCA4),
             *range(0x1D173, 0x1D17B),
-            0xE0001,
-            *range(0xE0020, 0xE0080),
+            *range(0xE0000, 0xE1000),
         ],
     )
 )
 """Unicode's format characters (category Cf: zero-width, soft hyphen, bidirectional marks, overrides and
-isolates, tags) and its line and paragraph separators (Zl, Zp), to Unicode 15.1: shown as they are, text
-reads in another order than it is, hides part of itself, or breaks a line where none is."""
+isolates, tags), its line and paragraph separators (Zl, Zp) and every other default-ignorable code point
+(DerivedCoreProperties' Default_Ignorable_Code_Point: the combining grapheme joiner, Hangul and Khmer
+fillers, Mongolian and other variation selectors, the E0000 block), to Unicode 15.1: shown as they are,
+text reads in another order than it is, hides part of itself (a name that reads as another's, with a
+message spelt in variation selectors), or breaks a line where none is."""
 _UNPRINTABLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), *map(ord, FORMAT_CHARACTERS), *range(0xD800, 0xE000)]
 _ESCAPES = {code: ascii(chr(code))[1:-1] for code in _UNPRINTABLE}
 _ESCAPES_IN_LINES = {code: text for code, text in _ESCAPES.items() if chr(code) not in "\n\t"}
@@ -53,3 +62,15 @@ def printable(text: object, *, lines: bool = False) -> str:
     name, a parameter, a message, a submitter). ``lines`` keeps newlines and tabs, for a multi-line
     message."""
     return str(text).translate(_ESCAPES_IN_LINES if lines else _ESCAPES)
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""How a spreadsheet cell that it reads as a formula begins (OWASP's list for CSV injection)."""
+
+
+def spreadsheet_cell(value: object) -> object:
+    """A text cell of a CSV file as a spreadsheet shows it: one that would begin a formula (a submitter of
+    ``=HYPERLINK(...)``) gets a leading apostrophe, so it is shown as the text it is. Numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value

@@ -102,3 +102,22 @@ def test_every_control_format_separator_and_surrogate_code_point_is_escaped() ->
         if not 0xD800 <= code < 0xE000:
             assert text_problem(f"a{chr(code)}b", NAME), hex(code)
     assert printable("Jane \u061cDoe\u2028\xad\U000e0041") == "Jane \\u061cDoe\\u2028\\xad\\U000e0041"
+
+
+# Unicode 15.1's DerivedCoreProperties.txt, Default_Ignorable_Code_Point, less what is Cf (checked above):
+# written out here, as Python's unicodedata does not carry the property
+DEFAULT_IGNORABLE_NOT_CF = [
+    0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, *range(0x180B, 0x180E), 0x180F, 0x2065, 0x3164,
+    *range(0xFE00, 0xFE10), 0xFFA0, *range(0xFFF0, 0xFFF9), 0xE0000, *range(0xE0002, 0xE0020),
+    *range(0xE0080, 0xE1000),
+]  # fmt: skip
+
+
+def test_every_default_ignorable_code_point_is_escaped_and_refused() -> None:
+    """Invisible where shown (a grapheme joiner, fillers, variation selectors): a submitter that reads as
+    another group's name while it carries a hidden message is refused, and escaped wherever printed."""
+    from kvbench.submissions.text import SUBMITTER, text_problem
+
+    for code in DEFAULT_IGNORABLE_NOT_CF:
+        assert printable(chr(code)) == ascii(chr(code))[1:-1], hex(code)
+        assert text_problem(f"a{chr(code)}b", SUBMITTER), hex(code)

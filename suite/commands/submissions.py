@@ -318,15 +318,20 @@ def verify_command(args: argparse.Namespace) -> int:
 def _print_plan(sha256: str, runs: list, checked: Checked, work: Path, args: argparse.Namespace) -> None:
     """What the re-computation will compute, before it starts: its runs, and their problems × samples
     as the bundle holds them (the spec's own problems are computed, whatever the bundle holds)."""
+    from kvbench.submissions.presses import shipped_scorer
+
     assert checked.samples is not None
     held = dict(checked.samples.execute("SELECT run_id, count(*) FROM samples GROUP BY run_id").fetchall())
     units = sum(held.get(r.run_id, 0) for r in runs)
+    shipped = sum(1 for r in runs if shipped_scorer(r.spec.policy.name, r.manifest.policy_doc))
+    worst = shipped * args.scorer_run_seconds / 3600
     console.print(
         f"re-computing {len(runs)} run(s) of {sha256[:16]} whole: {units} sample(s) as the bundle holds "
         f"them, on {args.device or 'the device each run recorded'} ({args.executor} executor), into "
         f"{work} (an interrupted re-computation resumes from it); a shipped scorer may take "
-        f"{args.scorer_seconds:g} s per call and {args.scorer_run_seconds:g} s per run, and its processes "
-        f"{args.scorer_memory:g} GiB resident in all",
+        f"{args.scorer_seconds:g} s per call and {args.scorer_run_seconds:g} s per run ({shipped} run(s) "
+        f"with a shipped scorer: at most {worst:.1f} h of scorer time in all; lower --scorer-run-seconds to "
+        f"hold a bundle to less), and its processes {args.scorer_memory:g} GiB resident in all",
         highlight=False,
     )
 

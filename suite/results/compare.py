@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvbench.errors import SpecError
+from kvbench.printable import spreadsheet_cell
 from kvbench.results.comparison import (
     NO_BASELINE,
     ArmResult,
@@ -317,7 +318,7 @@ def render(rows: list[dict], fmt: str) -> str:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: spreadsheet_cell(value) for key, value in row.items()} for row in rows)
         return buffer.getvalue()
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(display_cells(r)) + " |" for r in rows]

@@ -110,7 +110,8 @@ class RunManifest(Provenance):
         if not isinstance(value, dict) or not isinstance(value.get("spec"), dict):
             return value
         role = value.get("role") or Role.POLICY
-        if role not in {r.value for r in Role}:  # left as it is: the `role` field's check names it
+        # left as it is (a list, a number, another word): the `role` field's check names it
+        if not isinstance(role, str) or role not in {r.value for r in Role}:
             return value
         return {**value, "spec": {**value["spec"], "role": role}}
 

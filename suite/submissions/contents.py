@@ -47,6 +47,8 @@ def stored_runs(root: Path) -> tuple[list[StoredRun], dict[str, str]]:
             runs.append(StoredRun(folder.name, folder, RunManifest.read(path)))
         except SpecError as exc:
             broken[folder.name] = str(exc).removeprefix(f"{path}: ")
+        except Exception as exc:  # a submitter's manifest of any shape: named, never a traceback
+            broken[folder.name] = f"not a RunManifest ({type(exc).__name__}: {str(exc)[:200]})"
     return runs, broken
 
 

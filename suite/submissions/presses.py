@@ -9,6 +9,7 @@ from typing import Any
 
 from kvbench.core.contract import Policy
 from kvbench.kvpress.catalog import press_of
+from kvbench.registry import builtin_policies
 from kvbench.store.manifest import PolicyDoc
 
 
@@ -16,6 +17,12 @@ def is_press(name: str, doc: PolicyDoc | None) -> bool:
     """Whether a run's policy is a kvpress press: its name is one (``kvpress-knorm``) and its recorded
     documentation says so."""
     return press_of(name) is not None and doc is not None and doc.origin == "kvpress"
+
+
+def shipped_scorer(name: str, doc: PolicyDoc | None) -> bool:
+    """Whether a run's policy is a scorer its bundle ships (code that runs behind the sandbox), not one of
+    kvbench's policies nor a kvpress press."""
+    return name not in builtin_policies() and not is_press(name, doc)
 
 
 def press_policy(name: str, params: dict[str, Any]) -> Policy:

@@ -11,6 +11,10 @@ known-spec      the task and the model are this kvbench's, as it ships them (a t
                 its own): a board re-computes runs, and a spec names what the operator's machine reads
 sample-counts   one problem per shard, k samples each (k from the spec), as many problems as its limit
 seeds           every sample's seed is the one the protocol derives for (task, problem, sample)
+budget          K, N_avg and the ratio agree as `kvbench run` sets them: N_avg is the one this kvbench
+                gives the task and model (or, on a generation task, the mean generated length of the
+                bundle's own full-cache run that the measurement names), K = N_avg/ratio as the budget
+                rule rounds it, and K is above the buffer: a board groups and labels runs by them
 value-range     every number a sample carries is finite, and a share is in [0, 1]: the task's metric
                 when its kind is pass/fail or proportion (kvbench.specs.metric_kind), the needle's
                 shares and the retention telemetry's
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -52,8 +57,8 @@ from kvbench.runner.identity import RUNNER_VERSION
 from kvbench.specs.loading import find_spec_file
 from kvbench.specs.metric_kind import METRIC_KINDS, MetricKind, task_metric
 from kvbench.specs.model import load_model_spec, model_names
-from kvbench.specs.protocol import ProtocolSpec, load_protocol, protocol_names
-from kvbench.specs.resolved import ResolvedSpec, Role
+from kvbench.specs.protocol import BudgetRule, ProtocolSpec, load_protocol, protocol_names
+from kvbench.specs.resolved import MeasurementRecord, ResolvedSpec, Role
 from kvbench.specs.suite import SuiteSpec, suite_names
 from kvbench.specs.task import load_task, task_names
 from kvbench.store.records import FLOATS, SCHEMA_VERSION, SampleRecord, column
@@ -229,6 +234,7 @@ def _run_rules(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked)
         _known_specs(f"{where}/manifest.json", run, checked)
         _private(where, run.spec, rows, checked)
         _value_ranges(where, run, checked)
+        _budget(f"{where}/manifest.json", run, checked)
         _suite(folder, run, cell, checked)
         _protocol(folder, run, cell, checked)
         _scorer(folder, run, cell, checked)
@@ -414,6 +420,78 @@ def _value_ranges(where: str, run: StoredRun, checked: Checked) -> None:
         if count:
             bound = "finite and in [0, 1] (a share)" if name in shares else "finite"
             checked.fail(where, "value-range", f"{count} sample(s) carry a {name} that is not {bound}")
+
+
+def _budget(where: str, run: StoredRun, checked: Checked) -> None:
+    """K, N_avg and the ratio as `kvbench run` sets them (kvbench.runner.plan, kvbench.runner.budgets): a
+    run that claims another N_avg or ratio for its K would be listed in another compression's table."""
+    spec = run.spec
+    if spec.task.name not in task_names():
+        return  # known-spec refuses it
+    declared = load_task(spec.task.name).reference_n_avg(spec.model.name)
+    measurement = spec.n_avg_measurement
+    expected: float | None = declared
+    if measurement is not None:
+        problem = _measurement_problem(spec, measurement, declared, checked)
+        if problem:
+            checked.fail(where, "budget", problem)
+            return
+        expected = measurement.measured
+    if not _same_n_avg(spec.n_avg, expected):
+        checked.fail(
+            where, "budget", f"N_avg {spec.n_avg} is not the one this kvbench gives {spec.task.name!r} on "
+            f"{spec.model.name!r} ({expected})"
+        )  # fmt: skip
+        return
+    if spec.ratio is not None:
+        if spec.n_avg is None or not math.isfinite(spec.n_avg):
+            checked.fail(where, "budget", f"K = N_avg/{spec.ratio:g} with no N_avg")
+            return
+        wanted = BudgetRule(ratio=spec.ratio).budget(spec.n_avg, spec.protocol.buffer)
+        if spec.budget != wanted:
+            checked.fail(
+                where, "budget", f"K = {spec.budget}, where N_avg {spec.n_avg:g} and ratio {spec.ratio:g} "
+                f"give K = {wanted}"
+            )  # fmt: skip
+            return
+    if spec.budget is not None and spec.budget <= spec.protocol.buffer and run.role != Role.REFERENCE:
+        checked.fail(where, "budget", f"K = {spec.budget} is not above the buffer ({spec.protocol.buffer})")
+
+
+def _same_n_avg(claimed: float | None, expected: float | None) -> bool:
+    def missing(value: float | None) -> bool:
+        return value is None or math.isnan(value)
+
+    if missing(claimed) or missing(expected):
+        return missing(claimed) and missing(expected)
+    assert claimed is not None and expected is not None
+    return math.isclose(claimed, expected, rel_tol=1e-12, abs_tol=1e-9)
+
+
+def _measurement_problem(
+    spec: ResolvedSpec, measurement: MeasurementRecord, declared: float | None, checked: Checked
+) -> str | None:
+    """Why a measured N_avg is not the mean generated length of the bundle's full-cache run it names."""
+    if not _same_n_avg(measurement.declared, declared):
+        return f"its measurement declares N_avg {measurement.declared}, this kvbench's task {declared}"
+    assert checked.samples is not None
+    reference = next((r for r in checked.runs if r.run_id == measurement.reference_run), None)
+    if reference is None or reference.role != Role.REFERENCE or reference.spec.task != spec.task:
+        return f"its N_avg was measured on {measurement.reference_run}, not a full-cache run of the bundle"
+    problems, samples, mean, shortest, longest = checked.samples.execute(
+        "SELECT count(DISTINCT problem_id), count(*), avg(generated_tokens), min(generated_tokens), "
+        "max(generated_tokens) FROM samples WHERE run_id = ?",
+        [measurement.reference_run],
+    ).fetchone() or (0, 0, None, None, None)
+    if measurement.problems > problems or measurement.samples > samples:
+        return f"its measurement names {measurement.samples} samples, the full-cache run holds {samples}"
+    # measured on every problem the full run holds: its mean; on the first ones, before a larger --limit
+    # extended the run (their order is the task's, which the bundle does not carry): within its lengths
+    if measurement.problems == problems and not _same_n_avg(measurement.measured, mean):
+        return f"its N_avg {measurement.measured:g} is not the full-cache run's mean length {mean:g}"
+    if not shortest <= measurement.measured <= longest:
+        return f"its N_avg {measurement.measured:g} is outside the full run's lengths ({shortest}-{longest})"
+    return None
 
 
 def _shipped(

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from kvbench.store.records import SAMPLE_SCHEMA
 from kvbench.store.shards import shard_rows
 
 MAX_FOOTER_BYTES = 1 << 20
@@ -31,6 +32,9 @@ MAX_SHARD_DECODED_BYTES = 256 * 2**20
 for honest text compressed a few times over, and far from a dictionary string repeated on every row."""
 MAX_DECODED_BYTES = 4 * 2**30
 """The most bytes all of a bundle's shards may decode to together (they are held in one DuckDB)."""
+MAX_LIST_VALUES = 1 << 16
+"""The most values one sample's list may hold (a per-head or per-layer measurement: 64 layers × 64 KV heads
+is 4,096)."""
 BATCH_ROWS = 256
 """Rows decoded at a time, so that a lying footer is caught within one batch of its bound."""
 _THRIFT_LIMITS = {"thrift_string_size_limit": MAX_FOOTER_BYTES, "thrift_container_size_limit": 10_000}
@@ -53,9 +57,18 @@ def read_bounded_shard(path: Path, budget: int) -> pa.Table | OverBound | str:
         claimed = _footer_over(metadata)
         if claimed is not None:
             return claimed
-        texts = [f.name for f in metadata.schema.to_arrow_schema() if pa.types.is_string(f.type)]
-        shard = pq.ParquetFile(path, read_dictionary=texts, **_THRIFT_LIMITS)
+        schema = metadata.schema.to_arrow_schema()
+        older = [name for name in SAMPLE_SCHEMA.names if name not in schema.names]
+        if older:  # a bundle is exported by this kvbench, from runs of its runner: its own schema
+            return f"lacks the columns {', '.join(older)} of the sample schema this kvbench stores"
         cap = min(MAX_SHARD_DECODED_BYTES, budget)
+        counted = _values_over(metadata, cap)
+        if counted is not None:
+            return counted
+        # strings and bytes read as dictionaries: a value repeated on many rows is held once until the
+        # decoded size is known
+        texts = [f.name for f in schema if _is_bytes(f.type)]
+        shard = pq.ParquetFile(path, read_dictionary=texts, **_THRIFT_LIMITS)
         batches, rows, decoded = [], 0, 0
         for batch in shard.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
             rows, decoded = rows + batch.num_rows, decoded + _dense_bytes(batch)
@@ -63,11 +76,63 @@ def read_bounded_shard(path: Path, budget: int) -> pa.Table | OverBound | str:
                 return _rows_over(f"at least {rows:,}")
             if decoded > cap:
                 return _bytes_over(f"at least {decoded:,}", cap)
+            longest = _longest_list(batch)
+            if longest > MAX_LIST_VALUES:
+                return OverBound(
+                    "table-size",
+                    f"a list of {longest:,} values in one sample, over the bound of {MAX_LIST_VALUES:,} "
+                    "(MAX_LIST_VALUES)",
+                )
             batches.append(batch)
         table = _dense(pa.Table.from_batches(batches, schema=shard.schema_arrow))
     except (OSError, pa.ArrowException) as exc:
         return f"does not read back as Parquet ({exc})"
     return shard_rows(table)
+
+
+def _is_bytes(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or (pa.types.is_large_binary(kind))
+    )
+
+
+def _values_over(metadata: pq.FileMetaData, cap: int) -> OverBound | None:
+    """Before a value is decoded, from the footer's counts: the values each column chunk holds (a list's
+    elements each count) at most MAX_LIST_VALUES per row, and the fixed-width ones within ``cap`` bytes. A
+    footer's byte sizes are those of the encoded pages, which a run-length or dictionary encoding makes a
+    thousand times smaller than what they decode to; its value counts are not."""
+    fixed = 0
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.num_values > max(group.num_rows, 1) * MAX_LIST_VALUES:
+                return OverBound(
+                    "table-size",
+                    f"column {chunk.path_in_schema} holds {chunk.num_values:,} values in {group.num_rows:,} "
+                    f"row(s) (its footer says), over {MAX_LIST_VALUES:,} a sample (MAX_LIST_VALUES)",
+                )
+            fixed += chunk.num_values * _WIDTHS.get(chunk.physical_type, 0)
+    if fixed > cap:
+        return _bytes_over(f"at least {fixed:,} (its footer's value counts say)", cap)
+    return None
+
+
+_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+"""Bytes a decoded value of each fixed-width Parquet type takes."""
+
+
+def _longest_list(batch: pa.RecordBatch) -> int:
+    """The most values one sample's list holds, in any list column of ``batch``."""
+    longest = 0
+    for values in batch.columns:
+        if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+            lengths = pc.list_value_length(values)
+            longest = max(longest, pc.max(lengths).as_py() or 0)
+    return longest
 
 
 def _dense_bytes(batch: pa.RecordBatch) -> int:

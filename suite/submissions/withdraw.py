@@ -27,7 +27,8 @@ def withdraw(database: Path, prefix: str, reason: str) -> tuple[str, int]:
 
 
 def take_off(con: duckdb.DuckDBPyConnection, sha256: str, when: float, reason: str) -> list[str]:
-    """Mark a submission withdrawn and remove its runs from runs and samples; the board runs removed."""
+    """Mark a submission withdrawn and remove its runs from runs and samples; the board runs removed. A run
+    another live submission also holds stays (none can, as each bundle's runs carry its whole digest)."""
     con.execute(
         "UPDATE submissions SET withdrawn_at = ?, withdrawn_reason = ? WHERE bundle_sha256 = ?",
         [when, reason, sha256],
@@ -36,8 +37,10 @@ def take_off(con: duckdb.DuckDBPyConnection, sha256: str, when: float, reason: s
         r[0]
         for r in con.execute(
             "SELECT run_id FROM submission_runs WHERE bundle_sha256 = ? "
-            "AND run_id IN (SELECT run_id FROM runs) ORDER BY run_id",
-            [sha256],
+            "AND run_id IN (SELECT run_id FROM runs) AND run_id NOT IN (SELECT h.run_id "
+            "FROM submission_runs h JOIN submissions s USING (bundle_sha256) "
+            "WHERE h.bundle_sha256 <> ? AND s.withdrawn_at IS NULL) ORDER BY run_id",
+            [sha256, sha256],
         ).fetchall()
     ]
     con.execute("DELETE FROM samples WHERE list_contains(?, run_id)", [gone])

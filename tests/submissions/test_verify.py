@@ -70,6 +70,9 @@ def board(submission: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "verify", str(path), "--data", GPQA_DATA, "--db", str(db), "--json", f"{path.stem}.json", cwd=root
         )
         assert "9 run(s) published" in done.stdout, done.stdout
+        # the plan states the most time the shipped scorer may hold this machine: 2 runs, an hour each
+        plan = " ".join(done.stdout.split())
+        assert "(2 run(s) with a shipped scorer: at most 2.0 h of scorer time in all;" in plan, plan
     return root
 
 
@@ -108,7 +111,7 @@ def test_a_doctored_bundle_shows_only_what_the_operator_computed(board: Path) ->
         ids = [r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()]
         cpus = {r[0] for r in con.execute("SELECT DISTINCT hardware->>'cpu' FROM runs").fetchall()}
     assert "Claimed CPU 9000" not in cpus  # the machine on the board is the operator's
-    doctored_ids = [i for i in ids if i.endswith(_sha(board / "doctored.tar.gz")[:12])]
+    doctored_ids = [i for i in ids if i.endswith(_sha(board / "doctored.tar.gz"))]
     genuine_ids = [i for i in ids if i not in doctored_ids]
     assert len(doctored_ids) == len(genuine_ids) == 9
     # the eviction cost is the operator's measurement: the doctored claim was a thousandth of it
