@@ -176,3 +176,52 @@ def test_a_creation_time_that_is_no_time_is_refused(submission: Path, tmp_path: 
 
     code, said = _accept(forged(submission / "bundle.kvbench.tar.gz", tmp_path / "f.tar.gz", when), tmp_path)
     assert code == 1 and "bundle.json" in said and "created" in said, said
+
+
+@pytest.mark.parametrize(
+    ("task", "arm", "said"),
+    [
+        # one sample: its footer's value count is past the bound, refused before a value is decoded
+        (
+            "passkey",
+            "keys-norm",
+            "column head_coverage.list.element holds 65,537 values in 1 row(s) (its footer",
+        ),
+        # four samples: the footer's count is within four samples' bound, the one long list is caught as
+        # its batch decodes
+        ("gpqa-diamond", "snapkv", "a list of 65,537 values in one sample, over the bound of 65,536"),
+    ],
+    ids=["by the footer", "as decoded"],
+)
+def test_a_list_past_its_bound_in_one_sample_is_refused(
+    submission: Path, tmp_path: Path, task: str, arm: str, said: str
+) -> None:
+    """A run-length encoded list of zeros is a few bytes in the file and four bytes a value decoded (250
+    million of them took 2.9 GB before this bound)."""
+    bundle = submission / "bundle.kvbench.tar.gz"
+    run_id = run_of(bundle, task, arm)
+
+    def long_list(folder: Path) -> None:
+        shard = _shard_of(folder, run_id)
+        rows = pq.read_table(shard).to_pylist()
+        rows[0]["head_coverage"] = [0.0] * (tables.MAX_LIST_VALUES + 1)
+        pq.write_table(pq.read_table(shard).from_pylist(rows, schema=pq.read_schema(shard)), shard)
+
+    code, out = _accept(forged(bundle, tmp_path / "f.tar.gz", long_list, output_digests=True), tmp_path)
+    assert code == 1, out
+    assert said in out and "(MAX_LIST_VALUES)" in out, out
+
+
+def test_a_shard_of_an_older_sample_schema_is_refused(submission: Path, tmp_path: Path) -> None:
+    """A bundle comes from this kvbench's runner, in its sample schema: an older shard's upgrade turned
+    every row into Python objects, about 19 times its decoded size, on the submitter's bytes."""
+    bundle = submission / "bundle.kvbench.tar.gz"
+    run_id = run_of(bundle, "passkey", "keys-norm")
+
+    def older(folder: Path) -> None:
+        shard = _shard_of(folder, run_id)
+        pq.write_table(pq.read_table(shard).drop_columns(["no_answer"]), shard)
+
+    code, out = _accept(forged(bundle, tmp_path / "f.tar.gz", older), tmp_path)
+    assert code == 1, out
+    assert "[sample-counts] lacks the columns no_answer of the sample schema this kvbench stores" in out, out
