@@ -193,13 +193,22 @@ parallel region; on a busy machine torch's threads then spin against the other w
 Measured on the 2-core development machine (AMD EPYC), `kvbench run --model smollm2-135m --task fidelity
 --limit 1 --policy snapkv` (3 units), seconds of scoring: quiet 19.9 and 20.5 with libgomp's spin, 23.4 and
 25.1 with the short one; under 4 CPU burners (a load of twice the cores) 231 with libgomp's, 79 with the
-short one (docs/running.md#on-a-busy-machine). So the short spin is for a busy machine only."""
+short one (docs/running.md#on-a-busy-machine). So the short spin is for a machine busy at start."""
+
+QUIET_SPIN = "30000"
+"""GOMP_SPINCOUNT kvbench gives torch's threads on a machine quiet at start: a tenth of libgomp's default.
+libgomp reads it once, so it must also serve a machine that becomes busy mid-run. Measured on the 2-core
+development machine (AMD EPYC), the same 3-unit job, seconds of wall time: quiet 27.7 and 27.4 with it,
+29.7 and 29.0 with libgomp's 300,000, 33.7 and 33.6 with the short spin; under 4 CPU burners 148 with it,
+242 with libgomp's, 102 with the short spin. Quiet it is as fast as libgomp's default; busy, 1.6 times
+faster."""
 
 
 def sleep_when_idle(load: float | None = None, cores: int | None = None) -> None:
-    """On a machine busy at start (a 1-minute load average of at least 1: other work holds a core torch's
-    threads, one per core, would use), give torch's OpenMP threads the short spin, before torch is loaded
-    (libgomp reads it once), unless the user set how OpenMP threads wait. The wait changes no arithmetic,
+    """Give torch's OpenMP threads a spin chosen from the load at start, before torch is loaded (libgomp
+    reads it once), unless the user set how OpenMP threads wait: the short spin on a machine busy at start
+    (a 1-minute load average of at least 1: other work holds a core torch's threads, one per core, would
+    use), else QUIET_SPIN. The wait changes no arithmetic,
     only when an idle thread gives its core back. ``load`` and ``cores`` are parameters for the tests."""
     if "torch" in sys.modules:  # too late: its OpenMP read the environment when it loaded
         return
@@ -212,14 +221,12 @@ def sleep_when_idle(load: float | None = None, cores: int | None = None) -> None
             return
     cores = cores or os.cpu_count() or 1
     os.environ[_LOAD_AT_START] = f"{load:.1f} on {cores} cores"
-    spin = spin_for(load)
-    if spin is not None:
-        os.environ["GOMP_SPINCOUNT"] = spin
+    os.environ["GOMP_SPINCOUNT"] = spin_for(load)
 
 
-def spin_for(load: float) -> str | None:
-    """The spin a run starting at this 1-minute load average gives torch's threads (None: libgomp's)."""
-    return SHORT_SPIN if load >= 1.0 else None
+def spin_for(load: float) -> str:
+    """The spin a run starting at this 1-minute load average gives torch's threads."""
+    return SHORT_SPIN if load >= 1.0 else QUIET_SPIN
 
 
 _LOAD_AT_START = "KVBENCH_LOAD_AT_START"
@@ -234,10 +241,11 @@ def waiting() -> str:
     if spin == SHORT_SPIN and load:
         short = f"an idle thread sleeps after a short spin (GOMP_SPINCOUNT={spin})"
         return f"busy at start (load {load}): {short}"
+    if spin == QUIET_SPIN and load:
+        tenth = f"an idle thread sleeps after a tenth of libgomp's spin (GOMP_SPINCOUNT={spin})"
+        return f"quiet at start (load {load}): {tenth}, as fast quiet and faster if the machine gets busy"
     if spin:
         return f"GOMP_SPINCOUNT={spin} (yours)"
-    if load:
-        return f"quiet at start (load {load}): libgomp's default spin, the fastest on a quiet machine"
     return "libgomp's default spin"
 
 
