@@ -39,8 +39,8 @@ def test_chunks_equal_token_by_token(tiny: LoadedModel, name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["random", "h2o"])
 def test_chunks_equal_token_by_token_smollm2(smol: LoadedModel, name: str) -> None:
-    prompt, cont = smol.prompt_ids("Count slowly."), smol.tokenizer(" one two three four" * 60)["input_ids"]
-    schedule = Schedule(budget=96, buffer=32)
+    prompt, cont = smol.prompt_ids("Count slowly."), smol.tokenizer(" one two three four" * 30)["input_ids"]
+    schedule = Schedule(budget=64, buffer=16)
     chunked = teacher_force(smol, prompt, cont, make_policy(name), schedule, row_seeds=[1])
     stepwise = teacher_force(smol, prompt, cont, make_policy(name), schedule, row_seeds=[1], chunk=1)
     assert chunked.eviction_events == stepwise.eviction_events > 2
