@@ -11,7 +11,8 @@ known-spec      the task and the model are this kvbench's, as it ships them (a t
                 its own): a board re-computes runs, and a spec names what the operator's machine reads
 sample-counts   one problem per shard, k samples each (k from the spec), as many problems as its limit
 seeds           every sample's seed is the one the protocol derives for (task, problem, sample)
-budget          K, N_avg and the ratio agree as `kvbench run` sets them: N_avg is the one this kvbench
+budget          K, N_avg and the ratio agree as `kvbench run` sets them (the ratio the number a board
+                shows it as, at most 6 significant digits): N_avg is the one this kvbench
                 gives the task and model (or, on a generation task, the mean generated length of the
                 bundle's own full-cache run that the measurement names), K = N_avg/ratio as the budget
                 rule rounds it, and K is above the buffer: a board groups and labels runs by them
@@ -444,6 +445,12 @@ def _budget(where: str, run: StoredRun, checked: Checked) -> None:
         )  # fmt: skip
         return
     if spec.ratio is not None:
+        if float(f"{spec.ratio:g}") != spec.ratio:  # a board labels and links a compression by this
+            checked.fail(
+                where, "budget", f"ratio {spec.ratio!r} is shown as {spec.ratio:g}x on a board, the label of "
+                "another ratio: a ratio must be the number it is shown as"
+            )  # fmt: skip
+            return
         if spec.n_avg is None or not math.isfinite(spec.n_avg):
             checked.fail(where, "budget", f"K = N_avg/{spec.ratio:g} with no N_avg")
             return
@@ -522,7 +529,7 @@ def _suite(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> 
         checked.fail(member, "suite", f"sha256 {shipped[:16]}…, the run recorded {recorded.sha256[:16]}…")
         return
     try:
-        suite = SuiteSpec.model_validate(yaml.safe_load(text))
+        suite = SuiteSpec.model_validate(_bundle_yaml(text))
     except (yaml.YAMLError, pydantic.ValidationError) as exc:
         checked.fail(member, "suite", f"not a valid suite here ({_first_line(exc)})")
         return
@@ -536,6 +543,24 @@ def _suite(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> 
         )
 
 
+class _WithoutAliases(yaml.SafeLoader):
+    """YAML's safe loader, refusing every alias: nested aliases expand to far more than the text (a
+    29 kB "billion laughs" protocol held a list that took minutes and GBs to print in a message), and
+    kvbench's own suites and protocols use none."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"an alias (*{event.anchor}), which a bundle's YAML may not use", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def _bundle_yaml(text: str | bytes) -> object:
+    return yaml.load(text, Loader=_WithoutAliases)  # a SafeLoader subclass: safe tags only
+
+
 def _protocol(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) -> None:
     resolved = run.spec.protocol.identity()  # the record's, as the identity rule checked
     name = run.spec.protocol.name
@@ -544,7 +569,7 @@ def _protocol(folder: Path, run: StoredRun, cell: BundleCell, checked: Checked) 
         return
     member = cell.protocol
     try:
-        shipped = ProtocolSpec.model_validate(yaml.safe_load(path.read_text()))
+        shipped = ProtocolSpec.model_validate(_bundle_yaml(path.read_text()))
     except (UnicodeDecodeError, yaml.YAMLError, pydantic.ValidationError) as exc:
         checked.fail(member, "protocol", f"not a valid protocol ({_first_line(exc)})")
         return

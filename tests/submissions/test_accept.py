@@ -119,6 +119,15 @@ def _spec_edited(bundle: Path, task: str, change):
     return edit
 
 
+def _alias_bomb(folder: Path) -> None:
+    """A "billion laughs": nine levels of ten aliases each, a billion elements once expanded (a 30 kB
+    bundle held accept for minutes and GBs while its error message printed the list)."""
+    path = folder / "protocols" / "protect-prompt.yaml"
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path.write_text(path.read_text() + "\n".join(levels) + "\n")
+
+
 def _claim_ratio_32(spec: dict) -> None:
     spec["n_avg"] = 32.0 * spec["budget"] if spec["budget"] else 8192.0
     if spec["ratio"] is not None:
@@ -249,6 +258,19 @@ FORGERIES = {
         {"output_digests": True},
         {"budget"},
         lambda b: "runs/",
+    ),
+    # K = N_avg/3.9999999 is K = N_avg/4: the board would show it as "4x", a second table under that label
+    "a ratio that a board shows as another": (
+        lambda b: _spec_edited(b, "passkey", lambda spec: spec["ratio"] and spec.update(ratio=3.9999999)),
+        {"output_digests": True},
+        {"budget"},
+        lambda b: "runs/",
+    ),
+    "an alias bomb in the shipped protocol": (
+        lambda b: _alias_bomb,
+        {},
+        {"protocol"},
+        lambda b: "protocols/protect-prompt.yaml",
     ),
     "a limit far past the problems held": (
         lambda b: _spec_edited(b, "passkey", lambda spec: spec.update(limit=1_000_000)),
